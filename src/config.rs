@@ -1,0 +1,231 @@
+//! Command line and environment. Every setting is a flag and an environment variable:
+//!
+//! | flag | variable | default |
+//! |---|---|---|
+//! | `--bind` | `FENCELOCK_BIND` | `127.0.0.1:8080` |
+//! | `--database-url` | `DATABASE_URL` | unset: SQLite file `fencelock.db` |
+//! | `--max-ttl-seconds` | `FENCELOCK_MAX_TTL_SECONDS` | `86400` |
+//! | `--pool-size` | `FENCELOCK_POOL_SIZE` | `16` |
+//! | `--log-format` | `FENCELOCK_LOG_FORMAT` | `text` |
+//! | `--purge-grace-seconds` | `FENCELOCK_PURGE_GRACE_SECONDS` | `3600` |
+//! | `--purge-interval-seconds` | `FENCELOCK_PURGE_INTERVAL_SECONDS` | `60` |
+//! | `--store-timeout-ms` | `FENCELOCK_STORE_TIMEOUT_MS` | `5000` |
+//!
+//! Everything is parsed into typed values here, so a bad value stops start-up with one line
+//! that names the setting, before anything is opened.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::domain::Ttl;
+use crate::domain::ttl::{DEFAULT_MAX_TTL_SECONDS, TTL_CEILING_SECONDS};
+use crate::store::postgres::PgConfig;
+
+/// The SQLite file used when no database URL is given.
+pub const DEFAULT_SQLITE_FILE: &str = "fencelock.db";
+pub const DEFAULT_POOL_SIZE: u16 = 16;
+pub const DEFAULT_PURGE_GRACE_SECONDS: u64 = 3600;
+pub const DEFAULT_PURGE_INTERVAL_SECONDS: u64 = 60;
+pub const DEFAULT_STORE_TIMEOUT_MS: u64 = 5000;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "fencelock",
+    version,
+    about = "A lease server that hands out time-limited locks with fencing tokens",
+    long_about = None
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API (the default when no subcommand is given).
+    Serve,
+    /// Apply the store's migrations and exit.
+    Migrate,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServerArgs {
+    /// Address and port to listen on.
+    #[arg(
+        long,
+        env = "FENCELOCK_BIND",
+        default_value = "127.0.0.1:8080",
+        global = true
+    )]
+    pub bind: SocketAddr,
+
+    /// Lease store: `postgres://user:pass@host/db` for PostgreSQL, `sqlite://PATH` for an
+    /// embedded SQLite file. Unset: the SQLite file `fencelock.db` in the working directory.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<String>,
+
+    /// Largest `ttl_seconds` a client may ask for.
+    #[arg(
+        long,
+        env = "FENCELOCK_MAX_TTL_SECONDS",
+        default_value_t = DEFAULT_MAX_TTL_SECONDS,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(TTL_CEILING_SECONDS)),
+        global = true
+    )]
+    pub max_ttl_seconds: u32,
+
+    /// Most PostgreSQL connections this instance opens.
+    #[arg(
+        long,
+        env = "FENCELOCK_POOL_SIZE",
+        default_value_t = DEFAULT_POOL_SIZE,
+        value_parser = clap::value_parser!(u16).range(1..=1000),
+        global = true
+    )]
+    pub pool_size: u16,
+
+    /// Log line format.
+    #[arg(long, env = "FENCELOCK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+
+    /// Expired leases are deleted this long after their expiry. Until then, renewing one
+    /// answers `409 lease-expired` rather than `404`.
+    #[arg(long, env = "FENCELOCK_PURGE_GRACE_SECONDS", default_value_t = DEFAULT_PURGE_GRACE_SECONDS, global = true)]
+    pub purge_grace_seconds: u64,
+
+    /// How often expired leases are purged.
+    #[arg(
+        long,
+        env = "FENCELOCK_PURGE_INTERVAL_SECONDS",
+        default_value_t = DEFAULT_PURGE_INTERVAL_SECONDS,
+        value_parser = clap::value_parser!(u64).range(1..),
+        global = true
+    )]
+    pub purge_interval_seconds: u64,
+
+    /// Longest a request waits for the store before answering `503 store-unavailable`.
+    #[arg(
+        long,
+        env = "FENCELOCK_STORE_TIMEOUT_MS",
+        default_value_t = DEFAULT_STORE_TIMEOUT_MS,
+        value_parser = clap::value_parser!(u64).range(1..),
+        global = true
+    )]
+    pub store_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Which store to open.
+#[derive(Clone)]
+pub enum StoreConfig {
+    Postgres(PgConfig),
+    Sqlite(PathBuf),
+}
+
+impl StoreConfig {
+    /// `None` (or empty) → the default SQLite file; `sqlite://PATH`; `postgres://` or
+    /// `postgresql://`; anything else is refused.
+    pub fn from_url(url: Option<&str>) -> anyhow::Result<Self> {
+        let url = url.map(str::trim).filter(|u| !u.is_empty());
+        let Some(url) = url else {
+            return Ok(Self::Sqlite(PathBuf::from(DEFAULT_SQLITE_FILE)));
+        };
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                anyhow::bail!(
+                    "DATABASE_URL: sqlite:// needs a file path, e.g. sqlite://fencelock.db"
+                );
+            }
+            return Ok(Self::Sqlite(PathBuf::from(path)));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Self::Postgres(PgConfig::parse(url)?));
+        }
+        let scheme = url.split_once(':').map_or(url, |(s, _)| s);
+        anyhow::bail!(
+            "DATABASE_URL: unsupported scheme {scheme:?}; use postgres://... or sqlite://PATH"
+        )
+    }
+}
+
+/// Everything the server needs, validated.
+#[derive(Clone)]
+pub struct Settings {
+    pub bind: SocketAddr,
+    pub store: StoreConfig,
+    pub max_ttl: Ttl,
+    pub pool_size: usize,
+    pub log_format: LogFormat,
+    pub purge_grace: Duration,
+    pub purge_interval: Duration,
+    pub store_timeout: Duration,
+}
+
+impl Settings {
+    pub fn from_args(args: &ServerArgs) -> anyhow::Result<Self> {
+        Ok(Self {
+            bind: args.bind,
+            store: StoreConfig::from_url(args.database_url.as_deref())?,
+            max_ttl: Ttl::max(args.max_ttl_seconds)
+                .ok_or_else(|| anyhow::anyhow!("--max-ttl-seconds is out of range"))?,
+            pool_size: usize::from(args.pool_size),
+            log_format: args.log_format,
+            purge_grace: Duration::from_secs(args.purge_grace_seconds),
+            purge_interval: Duration::from_secs(args.purge_interval_seconds),
+            store_timeout: Duration::from_millis(args.store_timeout_ms),
+        })
+    }
+
+    /// The flags' defaults with the given store; for tests and embedders that build the
+    /// app without a command line (and without reading the environment).
+    pub fn for_store(store: StoreConfig) -> Self {
+        Self {
+            bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            store,
+            max_ttl: Ttl::max(DEFAULT_MAX_TTL_SECONDS).expect("the default is in range"),
+            pool_size: usize::from(DEFAULT_POOL_SIZE),
+            log_format: LogFormat::Text,
+            purge_grace: Duration::from_secs(DEFAULT_PURGE_GRACE_SECONDS),
+            purge_interval: Duration::from_secs(DEFAULT_PURGE_INTERVAL_SECONDS),
+            store_timeout: Duration::from_millis(DEFAULT_STORE_TIMEOUT_MS),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_is_chosen_by_url() {
+        assert!(matches!(
+            StoreConfig::from_url(None).unwrap(),
+            StoreConfig::Sqlite(p) if p == PathBuf::from("fencelock.db")
+        ));
+        assert!(matches!(
+            StoreConfig::from_url(Some("")).unwrap(),
+            StoreConfig::Sqlite(_)
+        ));
+        assert!(matches!(
+            StoreConfig::from_url(Some("sqlite:///tmp/x.db")).unwrap(),
+            StoreConfig::Sqlite(p) if p == PathBuf::from("/tmp/x.db")
+        ));
+        assert!(matches!(
+            StoreConfig::from_url(Some("postgres://u@localhost/db")).unwrap(),
+            StoreConfig::Postgres(_)
+        ));
+        assert!(StoreConfig::from_url(Some("mysql://x")).is_err());
+        assert!(StoreConfig::from_url(Some("sqlite://")).is_err());
+    }
+}

@@ -1,0 +1,102 @@
+//! What the stores are asked and what they answer. Outcomes are enums, not errors: "held by
+//! someone else" or "expired" are ordinary answers. Store errors mean only "could not find out".
+
+use chrono::{DateTime, Utc};
+
+use super::{Fence, Owner, ResourceName, Ttl};
+
+/// A lease as the store holds it, with the store's clock reading at the moment it answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub resource: ResourceName,
+    pub owner: Owner,
+    pub fence: Fence,
+    pub acquired_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    /// The store's clock when it made this answer; `expires_in_ms` is measured from here so
+    /// that no client ever compares its own wall clock with the store's.
+    pub observed_at: DateTime<Utc>,
+}
+
+impl Lease {
+    /// Time left on the store's clock, in milliseconds; never negative.
+    pub fn expires_in_ms(&self) -> i64 {
+        (self.expires_at - self.observed_at)
+            .num_milliseconds()
+            .max(0)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    pub resource: ResourceName,
+    pub owner: Owner,
+    pub ttl: Ttl,
+}
+
+#[derive(Debug, Clone)]
+pub struct RenewRequest {
+    pub resource: ResourceName,
+    pub owner: Owner,
+    pub ttl: Ttl,
+    pub fence: Option<Fence>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ReleaseRequest {
+    pub resource: ResourceName,
+    pub owner: Owner,
+    pub fence: Option<Fence>,
+}
+
+/// How a successful acquisition came about. Only names the lease event (logs, later metrics);
+/// the decision itself never depends on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquisition {
+    /// No row for the resource (never taken, released or purged).
+    Fresh,
+    /// The same owner held a live lease and acquired again.
+    Reacquired,
+    /// An expired lease was replaced.
+    TakenOver,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    Acquired {
+        lease: Lease,
+        how: Acquisition,
+    },
+    /// A live lease of another owner exists.
+    Held,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RenewOutcome {
+    Renewed(Lease),
+    /// No row at all for the resource.
+    NotFound,
+    /// The row exists but has expired; it is never renewed.
+    Expired,
+    /// A live lease of another owner.
+    OwnerMismatch,
+    /// The owner matches but the given fence is not the lease's.
+    StaleFence {
+        current: Fence,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    Released {
+        fence: Fence,
+    },
+    /// No live lease (no row, or an expired one).
+    NotFound,
+    /// A live lease of another owner.
+    NotOwner,
+    /// The owner matches but the given fence is not the lease's.
+    StaleFence {
+        current: Fence,
+    },
+}

@@ -1,0 +1,18 @@
+//! Validated domain types. Raw input becomes one of these exactly once, at the HTTP edge;
+//! everything behind the edge (routes, stores) only ever sees values that keep the rules of
+//! the contract.
+
+mod fence;
+mod lease;
+mod owner;
+mod resource_name;
+pub mod ttl;
+
+pub use fence::{Fence, FenceError};
+pub use lease::{
+    AcquireOutcome, AcquireRequest, Acquisition, Lease, ReleaseOutcome, ReleaseRequest,
+    RenewOutcome, RenewRequest,
+};
+pub use owner::{Owner, OwnerError};
+pub use resource_name::{ResourceName, ResourceNameError};
+pub use ttl::{Ttl, TtlError};

@@ -1,0 +1,114 @@
+use std::fmt;
+
+/// The name of a locked resource: 1–255 characters from `A-Z a-z 0-9 . _ - : @ + = ~`.
+///
+/// The set leaves out `/` and `%` on purpose: a name always stands for itself in a URL path,
+/// so `/locks/{resource}` never needs escaping and never aliases another path.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ResourceName(String);
+
+/// Longest name, in characters (all allowed characters are one byte).
+pub const MAX_RESOURCE_LEN: usize = 255;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResourceNameError {
+    #[error("must not be empty")]
+    Empty,
+    #[error("must be at most {MAX_RESOURCE_LEN} characters, got {0}")]
+    TooLong(usize),
+    #[error(
+        "character {ch:?} at position {position} is not allowed (use A-Z a-z 0-9 . _ - : @ + = ~)"
+    )]
+    InvalidChar { ch: char, position: usize },
+}
+
+impl ResourceName {
+    pub fn parse(raw: &str) -> Result<Self, ResourceNameError> {
+        if raw.is_empty() {
+            return Err(ResourceNameError::Empty);
+        }
+        if let Some((position, ch)) = raw.chars().enumerate().find(|(_, c)| !is_allowed(*c)) {
+            return Err(ResourceNameError::InvalidChar { ch, position });
+        }
+        // Only ASCII is allowed, so bytes and characters agree here.
+        if raw.len() > MAX_RESOURCE_LEN {
+            return Err(ResourceNameError::TooLong(raw.len()));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn is_allowed(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '@' | '+' | '=' | '~')
+}
+
+impl AsRef<str> for ResourceName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ResourceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for ResourceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_every_allowed_character() {
+        let all = "ABCXYZabcxyz0189._-:@+=~";
+        assert_eq!(ResourceName::parse(all).unwrap().as_str(), all);
+        assert!(ResourceName::parse("job:42").is_ok());
+        assert!(ResourceName::parse("report:monthly-2026-05").is_ok());
+    }
+
+    #[test]
+    fn length_bounds_are_1_to_255() {
+        assert_eq!(ResourceName::parse(""), Err(ResourceNameError::Empty));
+        assert!(ResourceName::parse(&"a".repeat(255)).is_ok());
+        assert_eq!(
+            ResourceName::parse(&"a".repeat(256)),
+            Err(ResourceNameError::TooLong(256))
+        );
+    }
+
+    #[test]
+    fn rejects_everything_outside_the_set() {
+        for bad in [
+            "a/b", "a%2Fb", "a b", "a\"b", "a'b", "é", "a;b", "a\0b", "a\nb", "a?b", "a#b",
+        ] {
+            assert!(
+                matches!(
+                    ResourceName::parse(bad),
+                    Err(ResourceNameError::InvalidChar { .. })
+                ),
+                "{bad:?} should be rejected"
+            );
+        }
+    }
+
+    #[test]
+    fn reports_the_first_offending_character() {
+        assert_eq!(
+            ResourceName::parse("ok/no"),
+            Err(ResourceNameError::InvalidChar {
+                ch: '/',
+                position: 2
+            })
+        );
+    }
+}

@@ -1,0 +1,257 @@
+//! The one error type of the HTTP API and its one mapping to RFC 9457 problem responses.
+//!
+//! Handlers return `Result<_, ApiError>` and use bare `?`. The response body is rendered here;
+//! the `instance` (the request path) is filled in by the middleware in `routes::observe`,
+//! which sees every error response together with its request.
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+
+use crate::domain::Fence;
+use crate::store::StoreError;
+
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Seconds a client should wait before retrying when the store is unavailable.
+const RETRY_AFTER_SECONDS: &str = "1";
+
+/// One invalid input field, listed in a `validation-failed` problem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, message: impl ToString) -> Self {
+        Self {
+            field: field.into(),
+            message: message.to_string(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    Malformed(String),
+    #[error("the request has {} invalid field(s)", .0.len())]
+    Validation(Vec<FieldError>),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    LeaseExpired(String),
+    #[error("{0}")]
+    OwnerMismatch(String),
+    #[error("{detail}")]
+    StaleFence {
+        detail: String,
+        current_fence: Option<Fence>,
+    },
+    #[error("{0}")]
+    FencingTokenRequired(String),
+    #[error("the request body is larger than the limit of {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("{method} is not allowed here; allowed: {allow}")]
+    MethodNotAllowed { method: String, allow: &'static str },
+    #[error("the lease store is unavailable; retry shortly")]
+    StoreUnavailable(#[source] anyhow::Error),
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn validation(field: impl Into<String>, message: impl ToString) -> Self {
+        Self::Validation(vec![FieldError::new(field, message)])
+    }
+
+    /// The whole status and slug mapping, side by side.
+    pub fn status_and_type(&self) -> (StatusCode, &'static str) {
+        match self {
+            Self::Malformed(_) => (StatusCode::BAD_REQUEST, "malformed-request"),
+            Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            Self::NotFound(_) => (StatusCode::NOT_FOUND, "not-found"),
+            Self::MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
+            Self::LeaseExpired(_) => (StatusCode::CONFLICT, "lease-expired"),
+            Self::OwnerMismatch(_) => (StatusCode::CONFLICT, "owner-mismatch"),
+            Self::StaleFence { .. } => (StatusCode::CONFLICT, "stale-fence"),
+            Self::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large"),
+            Self::UnsupportedMediaType(_) => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type")
+            }
+            Self::Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation-failed"),
+            Self::FencingTokenRequired(_) => {
+                (StatusCode::PRECONDITION_REQUIRED, "fencing-token-required")
+            }
+            Self::StoreUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "store-unavailable"),
+            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+
+    /// Whether this is the server's fault (logged as such) rather than the caller's.
+    pub fn is_server_side(&self) -> bool {
+        matches!(self, Self::StoreUnavailable(_) | Self::Internal(_))
+    }
+
+    /// Renders the problem document for a request to `instance`.
+    pub fn to_problem(&self, instance: &str) -> HttpResponse {
+        let (status, kind) = self.status_and_type();
+        let mut body = Problem {
+            kind,
+            title: title(status),
+            status: status.as_u16(),
+            detail: self.to_string(),
+            instance,
+            errors: None,
+            current_fence: None,
+        };
+        match self {
+            Self::Validation(errors) => body.errors = Some(errors),
+            Self::StaleFence { current_fence, .. } => body.current_fence = *current_fence,
+            _ => {}
+        }
+        let mut response = HttpResponse::build(status);
+        response.insert_header((header::CONTENT_TYPE, PROBLEM_JSON));
+        match self {
+            Self::StoreUnavailable(_) => {
+                response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECONDS));
+            }
+            Self::MethodNotAllowed { allow, .. } => {
+                response.insert_header((header::ALLOW, HeaderValue::from_static(allow)));
+            }
+            _ => {}
+        }
+        response.json(body)
+    }
+
+    /// A problem for an error that did not come from fencelock's own code (the framework's
+    /// own rejections): the status is kept, and the slug and a fixed text follow from it.
+    pub fn from_status(status: StatusCode) -> Self {
+        let detail = || title(status).to_owned();
+        match status {
+            StatusCode::BAD_REQUEST => Self::Malformed(detail()),
+            StatusCode::FORBIDDEN => Self::Forbidden(detail()),
+            StatusCode::NOT_FOUND => Self::NotFound("no such route".to_owned()),
+            StatusCode::PAYLOAD_TOO_LARGE => Self::PayloadTooLarge {
+                limit: crate::routes::MAX_BODY_BYTES,
+            },
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => Self::UnsupportedMediaType(detail()),
+            StatusCode::SERVICE_UNAVAILABLE => {
+                Self::StoreUnavailable(anyhow::anyhow!("service unavailable"))
+            }
+            s if s.is_client_error() => Self::Malformed(detail()),
+            _ => Self::Internal(anyhow::anyhow!("unexpected framework error {status}")),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(cause) => Self::StoreUnavailable(cause),
+            StoreError::Internal(cause) => Self::Internal(cause),
+        }
+    }
+}
+
+/// Without the request at hand the instance is unknown; `routes::observe` replaces this
+/// response with one rendered by [`ApiError::to_problem`] for the real path.
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status_and_type().0
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        self.to_problem("")
+    }
+}
+
+fn title(status: StatusCode) -> &'static str {
+    status.canonical_reason().unwrap_or("Error")
+}
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    instance: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    errors: Option<&'a [FieldError]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_fence: Option<Fence>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_has_the_contract_status_and_slug() {
+        let cases: Vec<(ApiError, u16, &str)> = vec![
+            (ApiError::Malformed("x".into()), 400, "malformed-request"),
+            (ApiError::Forbidden("x".into()), 403, "forbidden"),
+            (ApiError::NotFound("x".into()), 404, "not-found"),
+            (
+                ApiError::MethodNotAllowed {
+                    method: "PUT".into(),
+                    allow: "GET",
+                },
+                405,
+                "method-not-allowed",
+            ),
+            (ApiError::LeaseExpired("x".into()), 409, "lease-expired"),
+            (ApiError::OwnerMismatch("x".into()), 409, "owner-mismatch"),
+            (
+                ApiError::StaleFence {
+                    detail: "x".into(),
+                    current_fence: None,
+                },
+                409,
+                "stale-fence",
+            ),
+            (
+                ApiError::PayloadTooLarge { limit: 1 },
+                413,
+                "payload-too-large",
+            ),
+            (
+                ApiError::UnsupportedMediaType("x".into()),
+                415,
+                "unsupported-media-type",
+            ),
+            (ApiError::validation("f", "m"), 422, "validation-failed"),
+            (
+                ApiError::FencingTokenRequired("x".into()),
+                428,
+                "fencing-token-required",
+            ),
+            (
+                ApiError::StoreUnavailable(anyhow::anyhow!("down")),
+                503,
+                "store-unavailable",
+            ),
+            (ApiError::Internal(anyhow::anyhow!("boom")), 500, "internal"),
+        ];
+        for (error, status, slug) in cases {
+            let (s, t) = error.status_and_type();
+            assert_eq!((s.as_u16(), t), (status, slug), "{error:?}");
+        }
+    }
+
+    #[test]
+    fn internal_errors_show_no_internals() {
+        let error = ApiError::Internal(anyhow::anyhow!("password=hunter2 at db.internal"));
+        assert_eq!(error.to_string(), "internal error");
+        let unavailable = ApiError::StoreUnavailable(anyhow::anyhow!("connect to 10.0.0.5"));
+        assert!(!unavailable.to_string().contains("10.0.0.5"));
+    }
+}

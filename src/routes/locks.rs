@@ -1,0 +1,220 @@
+//! `/locks/{resource}`: acquire, inspect, renew, release.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+
+use super::AppState;
+use crate::domain::{
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, Lease, ReleaseOutcome, ReleaseRequest,
+    RenewOutcome, RenewRequest,
+};
+use crate::input::{Fields, read_object};
+use crate::problem::ApiError;
+
+/// A lease as clients see it. `owner` is shown only to the request that presented it.
+#[derive(Serialize)]
+struct LockView<'a> {
+    resource: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owner: Option<&'a str>,
+    fence: Fence,
+    acquired_at: String,
+    expires_at: String,
+    expires_in_ms: i64,
+}
+
+impl<'a> LockView<'a> {
+    fn with_owner(lease: &'a Lease) -> Self {
+        Self {
+            owner: Some(lease.owner.as_str()),
+            ..Self::without_owner(lease)
+        }
+    }
+
+    fn without_owner(lease: &'a Lease) -> Self {
+        Self {
+            resource: lease.resource.as_str(),
+            owner: None,
+            fence: lease.fence,
+            acquired_at: rfc3339_millis(lease.acquired_at),
+            expires_at: rfc3339_millis(lease.expires_at),
+            expires_in_ms: lease.expires_in_ms(),
+        }
+    }
+}
+
+fn rfc3339_millis(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+#[derive(Serialize)]
+struct RenewResponse<'a> {
+    lock: LockView<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum AcquireResponse<'a> {
+    Acquired { acquired: bool, lock: LockView<'a> },
+    Held { acquired: bool, resource: &'a str },
+}
+
+/// `POST /locks/{resource}` `{"owner", "ttl_seconds"}`
+pub async fn acquire(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let mut fields = Fields::new(read_object(&req, payload).await?);
+    let resource = fields.resource(&path);
+    let owner = fields.owner();
+    let ttl = fields.ttl(state.max_ttl);
+    let request = fields.finish(|| {
+        Some(AcquireRequest {
+            resource: resource?,
+            owner: owner?,
+            ttl: ttl?,
+        })
+    })?;
+
+    let outcome = state.ask(state.store.acquire(&request)).await?;
+    let body = match &outcome {
+        AcquireOutcome::Acquired { lease, how } => {
+            let event = match how {
+                Acquisition::Fresh => "acquired",
+                Acquisition::Reacquired => "reacquired",
+                Acquisition::TakenOver => "taken over after expiry",
+            };
+            tracing::info!(
+                lease.resource = %lease.resource,
+                lease.fence = lease.fence.get(),
+                lease.ttl_s = request.ttl.seconds(),
+                "lease {event}"
+            );
+            AcquireResponse::Acquired {
+                acquired: true,
+                lock: LockView::with_owner(lease),
+            }
+        }
+        AcquireOutcome::Held => {
+            tracing::info!(lease.resource = %request.resource, "lease refused: held by another owner");
+            AcquireResponse::Held {
+                acquired: false,
+                resource: request.resource.as_str(),
+            }
+        }
+    };
+    Ok(HttpResponse::Ok().json(body))
+}
+
+/// `GET /locks/{resource}`: the live lease, without its owner.
+pub async fn inspect(
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let mut fields = Fields::empty();
+    let resource = fields.resource(&path);
+    let resource = fields.finish(|| resource)?;
+
+    match state.ask(state.store.inspect(&resource)).await? {
+        Some(lease) => Ok(HttpResponse::Ok().json(LockView::without_owner(&lease))),
+        None => Err(no_live_lease(&resource)),
+    }
+}
+
+/// `POST /locks/{resource}/renew` `{"owner", "ttl_seconds", "fence"?}`
+pub async fn renew(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let mut fields = Fields::new(read_object(&req, payload).await?);
+    let resource = fields.resource(&path);
+    let owner = fields.owner();
+    let ttl = fields.ttl(state.max_ttl);
+    let fence = fields.fence();
+    let request = fields.finish(|| {
+        Some(RenewRequest {
+            resource: resource?,
+            owner: owner?,
+            ttl: ttl?,
+            fence: fence?,
+        })
+    })?;
+
+    match state.ask(state.store.renew(&request)).await? {
+        RenewOutcome::Renewed(lease) => {
+            tracing::info!(
+                lease.resource = %lease.resource,
+                lease.fence = lease.fence.get(),
+                lease.ttl_s = request.ttl.seconds(),
+                "lease renewed"
+            );
+            Ok(HttpResponse::Ok().json(RenewResponse {
+                lock: LockView::with_owner(&lease),
+            }))
+        }
+        RenewOutcome::NotFound => Err(ApiError::NotFound(format!(
+            "there is no lease on {} to renew; acquire it",
+            request.resource
+        ))),
+        RenewOutcome::Expired => Err(ApiError::LeaseExpired(format!(
+            "the lease on {} has expired and cannot be renewed; acquire it again for a new fence",
+            request.resource
+        ))),
+        RenewOutcome::OwnerMismatch => Err(ApiError::OwnerMismatch(format!(
+            "the lease on {} is held by another owner; this owner has lost it",
+            request.resource
+        ))),
+        RenewOutcome::StaleFence { current } => Err(stale_fence(&request.resource, current)),
+    }
+}
+
+/// `DELETE /locks/{resource}` or `POST /locks/{resource}/release`, `{"owner", "fence"?}`
+pub async fn release(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let mut fields = Fields::new(read_object(&req, payload).await?);
+    let resource = fields.resource(&path);
+    let owner = fields.owner();
+    let fence = fields.fence();
+    let request = fields.finish(|| {
+        Some(ReleaseRequest {
+            resource: resource?,
+            owner: owner?,
+            fence: fence?,
+        })
+    })?;
+
+    match state.ask(state.store.release(&request)).await? {
+        ReleaseOutcome::Released { fence } => {
+            tracing::info!(lease.resource = %request.resource, lease.fence = fence.get(), "lease released");
+            Ok(HttpResponse::NoContent().finish())
+        }
+        ReleaseOutcome::NotFound => Err(no_live_lease(&request.resource)),
+        ReleaseOutcome::NotOwner => Err(ApiError::Forbidden(format!(
+            "the lease on {} is held by another owner",
+            request.resource
+        ))),
+        ReleaseOutcome::StaleFence { current } => Err(stale_fence(&request.resource, current)),
+    }
+}
+
+fn no_live_lease(resource: &crate::domain::ResourceName) -> ApiError {
+    ApiError::NotFound(format!("there is no live lease on {resource}"))
+}
+
+fn stale_fence(resource: &crate::domain::ResourceName, current: Fence) -> ApiError {
+    ApiError::StaleFence {
+        detail: format!(
+            "the fence given is not the fence of the live lease on {resource}; it belongs to an older lease"
+        ),
+        current_fence: Some(current),
+    }
+}

@@ -1,0 +1,430 @@
+//! The PostgreSQL store.
+//!
+//! Each operation is one SQL statement, so the check and the write are one atomic step and a
+//! request costs one round trip. Expiry is decided by the database's `now()`: instances with
+//! skewed clocks still agree. Fences come from the `lease_fence` sequence, which is
+//! store-wide, crash-safe and never reused after a release deletes a row.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use tokio::sync::OnceCell;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{NoTls, Row};
+
+use super::{LeaseStore, StoreError};
+use crate::domain::{
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, Lease, Owner, ReleaseOutcome,
+    ReleaseRequest, RenewOutcome, RenewRequest, ResourceName,
+};
+
+mod embedded {
+    refinery::embed_migrations!("migrations/postgres");
+}
+
+/// How long a request may wait for a pooled connection, for a new connection, or for a
+/// connection check, before it answers `503`. Short, so an outage is reported rather than
+/// queued behind.
+const POOL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Serialises migrations of instances starting at once on one database. Advisory locks are
+/// database-wide, which is what we want here.
+const MIGRATION_LOCK_KEY: i64 = 0x6665_6e63_656c_6f63; // "fencloc"
+
+/// Connection settings plus the same URL with the password masked, for logs.
+#[derive(Clone)]
+pub struct PgConfig {
+    pub config: tokio_postgres::Config,
+    pub redacted_url: String,
+}
+
+impl PgConfig {
+    pub fn parse(url: &str) -> anyhow::Result<Self> {
+        let mut config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| anyhow::anyhow!("invalid PostgreSQL URL: {e}"))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(POOL_TIMEOUT);
+        }
+        // A fence must never be returned before its commit is durable: after a crash a lost
+        // commit would let the sequence hand the same fence out again. Whatever the database
+        // default, this server's sessions commit synchronously.
+        let options = match config.get_options() {
+            Some(existing) => format!("{existing} -c synchronous_commit=on"),
+            None => "-c synchronous_commit=on".to_owned(),
+        };
+        config.options(&options);
+        config.application_name("fencelock");
+        Ok(Self {
+            redacted_url: redact_password(url),
+            config,
+        })
+    }
+}
+
+fn redact_password(url: &str) -> String {
+    // postgres://user:password@host/db → postgres://user:***@host/db
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) if userinfo.contains(':') => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+pub struct PgStore {
+    pool: Pool,
+    config: PgConfig,
+    /// Set once the migrations have been applied; until then every operation tries to apply
+    /// them first, so a server started before its database comes up heals by itself.
+    schema: OnceCell<()>,
+}
+
+impl PgStore {
+    /// Builds the pool without connecting: connections are made on first use.
+    pub fn connect(config: PgConfig, pool_size: usize) -> anyhow::Result<Self> {
+        let manager = Manager::from_config(
+            config.config.clone(),
+            NoTls,
+            ManagerConfig {
+                // A closed connection is detected without a round trip; one that dies while
+                // idle fails its next statement with a 503, and the pool replaces it.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(POOL_TIMEOUT))
+            .create_timeout(Some(POOL_TIMEOUT))
+            .recycle_timeout(Some(POOL_TIMEOUT))
+            .build()
+            .context("building the PostgreSQL pool")?;
+        Ok(Self {
+            pool,
+            config,
+            schema: OnceCell::new(),
+        })
+    }
+
+    /// Applies the migrations once; safe when several instances start at the same time.
+    pub async fn ensure_schema(&self) -> Result<(), StoreError> {
+        self.schema
+            .get_or_try_init(|| self.migrate())
+            .await
+            .map(|_| ())
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        // A dedicated session, not a pooled one: the advisory lock dies with it even if a
+        // step below fails.
+        let (mut client, connection) = self.config.config.connect(NoTls).await.map_err(classify)?;
+        let driver = tokio::spawn(connection);
+        let result = async {
+            client
+                .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
+                .await
+                .map_err(classify)?;
+            let report = embedded::migrations::runner()
+                .run_async(&mut client)
+                .await
+                .map_err(|e| StoreError::Internal(anyhow::anyhow!("applying migrations: {e}")))?;
+            for migration in report.applied_migrations() {
+                tracing::info!(migration = %migration, "applied PostgreSQL migration");
+            }
+            Ok(())
+        }
+        .await;
+        drop(client);
+        let _ = driver.await;
+        result
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.ensure_schema().await?;
+        self.pool.get().await.map_err(classify_pool)
+    }
+
+    async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<Row>, StoreError> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql).await.map_err(classify)?;
+        client.query_opt(&statement, params).await.map_err(classify)
+    }
+}
+
+/// Stored timestamps are truncated to milliseconds, the precision the API shows, so what a
+/// client reads is exactly what expiry is decided on.
+const ACQUIRE: &str = "
+WITH previous AS (
+    SELECT owner, expires_at > now() AS live FROM leases WHERE resource = $1
+)
+INSERT INTO leases AS l (resource, owner, fence, acquired_at, expires_at)
+VALUES ($1, $2, nextval('lease_fence'),
+        date_trunc('milliseconds', now()),
+        date_trunc('milliseconds', now()) + $3::int * interval '1 second')
+ON CONFLICT (resource) DO UPDATE
+    -- nextval() here runs after the row lock is taken, so a fence issued for a resource is
+    -- always greater than the fence of the lease it replaces, however requests interleave.
+    SET owner = EXCLUDED.owner,
+        fence = nextval('lease_fence'),
+        acquired_at = EXCLUDED.acquired_at,
+        expires_at = EXCLUDED.expires_at
+    WHERE l.expires_at <= now() OR l.owner = EXCLUDED.owner
+RETURNING l.fence, l.acquired_at, l.expires_at, now(),
+          -- only names the event for logs; the WHERE above made the decision
+          (SELECT owner = $2 AND live FROM previous)";
+
+const INSPECT: &str = "
+SELECT owner, fence, acquired_at, expires_at, now()
+FROM leases WHERE resource = $1 AND expires_at > now()";
+
+/// The row is locked first, then updated only if it is live, the caller's, and (when given)
+/// of the caller's fence. The outer SELECT reports what was found, so a refusal says why.
+const RENEW: &str = "
+WITH current AS (
+    SELECT resource, owner, fence, expires_at > now() AS live
+    FROM leases WHERE resource = $1 FOR UPDATE
+), renewed AS (
+    UPDATE leases l
+    SET expires_at = date_trunc('milliseconds', now()) + $3::int * interval '1 second'
+    FROM current c
+    WHERE l.resource = c.resource AND c.live AND c.owner = $2
+      AND ($4::bigint IS NULL OR c.fence = $4)
+    RETURNING l.acquired_at, l.expires_at
+)
+SELECT c.live, c.owner = $2, c.fence, r.acquired_at, r.expires_at, now()
+FROM current c LEFT JOIN renewed r ON true";
+
+const RELEASE: &str = "
+WITH current AS (
+    SELECT resource, owner, fence, expires_at > now() AS live
+    FROM leases WHERE resource = $1 FOR UPDATE
+), released AS (
+    DELETE FROM leases l
+    USING current c
+    WHERE l.resource = c.resource AND c.live AND c.owner = $2
+      AND ($3::bigint IS NULL OR c.fence = $3)
+    RETURNING l.fence
+)
+SELECT c.live, c.owner = $2, c.fence, EXISTS (SELECT 1 FROM released)
+FROM current c";
+
+/// Batched so that purging millions of one-off resources never holds one huge transaction.
+const PURGE_BATCH: i64 = 10_000;
+const PURGE: &str = "
+DELETE FROM leases WHERE resource IN (
+    SELECT resource FROM leases
+    WHERE expires_at < now() - $1::bigint * interval '1 millisecond'
+    LIMIT $2
+)";
+
+#[async_trait]
+impl LeaseStore for PgStore {
+    #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+        let ttl = ttl_param(req.ttl.seconds());
+        let row = self
+            .query_opt(
+                ACQUIRE,
+                &[&req.resource.as_str(), &req.owner.as_str(), &ttl],
+            )
+            .await?;
+        let Some(row) = row else {
+            return Ok(AcquireOutcome::Held);
+        };
+        let lease = Lease {
+            resource: req.resource.clone(),
+            owner: req.owner.clone(),
+            fence: fence(&row, 0)?,
+            acquired_at: row.get(1),
+            expires_at: row.get(2),
+            observed_at: row.get(3),
+        };
+        let how = match row.get::<_, Option<bool>>(4) {
+            None => Acquisition::Fresh,
+            Some(true) => Acquisition::Reacquired,
+            Some(false) => Acquisition::TakenOver,
+        };
+        Ok(AcquireOutcome::Acquired { lease, how })
+    }
+
+    #[tracing::instrument(skip_all, fields(lease.resource = %resource))]
+    async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
+        let Some(row) = self.query_opt(INSPECT, &[&resource.as_str()]).await? else {
+            return Ok(None);
+        };
+        let owner: &str = row.get(0);
+        Ok(Some(Lease {
+            resource: resource.clone(),
+            owner: Owner::parse(owner)
+                .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored owner: {e}")))?,
+            fence: fence(&row, 1)?,
+            acquired_at: row.get(2),
+            expires_at: row.get(3),
+            observed_at: row.get(4),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
+    async fn renew(&self, req: &RenewRequest) -> Result<RenewOutcome, StoreError> {
+        let ttl = ttl_param(req.ttl.seconds());
+        let given = req.fence.map(Fence::get);
+        let row = self
+            .query_opt(
+                RENEW,
+                &[&req.resource.as_str(), &req.owner.as_str(), &ttl, &given],
+            )
+            .await?;
+        let Some(row) = row else {
+            return Ok(RenewOutcome::NotFound);
+        };
+        let (live, owner_matches, current): (bool, bool, _) =
+            (row.get(0), row.get(1), fence(&row, 2)?);
+        let renewed: Option<(DateTime<Utc>, DateTime<Utc>)> =
+            row.get::<_, Option<DateTime<Utc>>>(3).zip(row.get(4));
+        Ok(match renewed {
+            Some((acquired_at, expires_at)) => RenewOutcome::Renewed(Lease {
+                resource: req.resource.clone(),
+                owner: req.owner.clone(),
+                fence: current,
+                acquired_at,
+                expires_at,
+                observed_at: row.get(5),
+            }),
+            None if !live => RenewOutcome::Expired,
+            None if !owner_matches => RenewOutcome::OwnerMismatch,
+            None => RenewOutcome::StaleFence { current },
+        })
+    }
+
+    #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
+    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
+        let given = req.fence.map(Fence::get);
+        let row = self
+            .query_opt(
+                RELEASE,
+                &[&req.resource.as_str(), &req.owner.as_str(), &given],
+            )
+            .await?;
+        let Some(row) = row else {
+            return Ok(ReleaseOutcome::NotFound);
+        };
+        let (live, owner_matches, current, released): (bool, bool, _, bool) =
+            (row.get(0), row.get(1), fence(&row, 2)?, row.get(3));
+        Ok(match () {
+            () if released => ReleaseOutcome::Released { fence: current },
+            () if !live => ReleaseOutcome::NotFound,
+            () if !owner_matches => ReleaseOutcome::NotOwner,
+            () => ReleaseOutcome::StaleFence { current },
+        })
+    }
+
+    async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError> {
+        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        let client = self.client().await?;
+        let statement = client.prepare_cached(PURGE).await.map_err(classify)?;
+        let mut total = 0;
+        loop {
+            let deleted = client
+                .execute(&statement, &[&grace_ms, &PURGE_BATCH])
+                .await
+                .map_err(classify)?;
+            total += deleted;
+            if deleted < PURGE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client.simple_query("SELECT 1").await.map_err(classify)?;
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("PostgreSQL at {}", self.config.redacted_url)
+    }
+}
+
+fn ttl_param(seconds: u32) -> i32 {
+    // Ttl is capped far below i32::MAX (see TTL_CEILING_SECONDS).
+    i32::try_from(seconds).unwrap_or(i32::MAX)
+}
+
+fn fence(row: &Row, index: usize) -> Result<Fence, StoreError> {
+    Fence::new(row.get(index))
+        .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored fence: {e}")))
+}
+
+/// The one place PostgreSQL failures are sorted, by SQLSTATE and connection state, never by
+/// message text.
+fn classify(e: tokio_postgres::Error) -> StoreError {
+    let transient = e.is_closed()
+        || e.as_db_error().is_none()
+        || e.code().is_some_and(|code| {
+            code == &SqlState::T_R_SERIALIZATION_FAILURE
+                || code == &SqlState::T_R_DEADLOCK_DETECTED
+                || code == &SqlState::ADMIN_SHUTDOWN
+                || code == &SqlState::CRASH_SHUTDOWN
+                || code == &SqlState::CANNOT_CONNECT_NOW
+                || code == &SqlState::TOO_MANY_CONNECTIONS
+                || code == &SqlState::QUERY_CANCELED
+                || code == &SqlState::LOCK_NOT_AVAILABLE
+                || code.code().starts_with("08") // connection exceptions
+                || code.code().starts_with("53") // insufficient resources
+                || code.code().starts_with("57") // operator intervention
+                || code.code() == "3D000" // database does not exist (yet)
+        });
+    if transient {
+        StoreError::Unavailable(e.into())
+    } else {
+        StoreError::Internal(e.into())
+    }
+}
+
+fn classify_pool(e: PoolError) -> StoreError {
+    match e {
+        PoolError::Backend(e) => classify(e),
+        other => StoreError::Unavailable(other.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn password_is_masked_in_logs() {
+        assert_eq!(
+            redact_password("postgres://app:s3cret@db:5432/locks"),
+            "postgres://app:***@db:5432/locks"
+        );
+        assert_eq!(
+            redact_password("postgres://app@db/locks"),
+            "postgres://app@db/locks"
+        );
+    }
+
+    #[test]
+    fn sessions_commit_synchronously() {
+        let pg = PgConfig::parse("postgres://u@localhost/db").unwrap();
+        assert!(
+            pg.config
+                .get_options()
+                .unwrap()
+                .contains("synchronous_commit=on")
+        );
+    }
+}

@@ -1,0 +1,432 @@
+//! The embedded SQLite store, the default when no `DATABASE_URL` is given.
+//!
+//! All work runs on one dedicated thread that owns the connection, never on the async
+//! executor's threads. The thread takes every operation already queued, runs them in one
+//! `BEGIN IMMEDIATE` transaction (each inside its own savepoint, so one failing operation
+//! cannot disturb the others) and answers them only after `COMMIT` returned: a fence reaches a
+//! client only once it is durable, and many concurrent requests share one disk sync.
+//!
+//! Several server processes may share one file: `BEGIN IMMEDIATE` takes SQLite's write lock,
+//! so decisions on one file are serialised across processes, and the fence counter lives in
+//! the file itself. A process that cannot get the lock within [`BUSY_TIMEOUT`] answers `503`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{LeaseStore, StoreError};
+use crate::domain::{
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, Lease, Owner, ReleaseOutcome,
+    ReleaseRequest, RenewOutcome, RenewRequest, ResourceName,
+};
+
+mod embedded {
+    refinery::embed_migrations!("migrations/sqlite");
+}
+
+/// How long a transaction waits for another process's write lock before answering `503`.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most operations committed together; bounds the latency one batch adds to the next.
+const MAX_BATCH: usize = 256;
+/// Queued operations beyond this wait in the request (back-pressure), not in memory.
+const QUEUE_DEPTH: usize = 4096;
+/// Rows one purge step deletes, so a large purge never blocks acquisitions for long.
+const PURGE_BATCH: i64 = 10_000;
+
+pub struct SqliteStore {
+    jobs: mpsc::Sender<Box<dyn Job>>,
+    path: PathBuf,
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the file, sets it up for durability and applies the migrations.
+    /// Blocking: call it off the async executor (see [`super::open`]).
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        let mut conn = Connection::open(path)
+            .with_context(|| format!("opening SQLite database {}", path.display()))?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        // WAL lets readers of other processes go on while we write. synchronous=FULL makes
+        // every commit durable before it returns, also on power loss: with NORMAL, WAL mode
+        // may lose the last commits, and a lost fence-counter update would let the next
+        // acquisition re-issue a fence a client already holds.
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            anyhow::bail!("{}: could not switch to WAL journal mode", path.display());
+        }
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        migrate(&mut conn).with_context(|| format!("migrating {}", path.display()))?;
+
+        let (jobs, queue) = mpsc::channel(QUEUE_DEPTH);
+        std::thread::Builder::new()
+            .name("fencelock-sqlite".to_owned())
+            .spawn(move || run_jobs(conn, queue))
+            .context("starting the SQLite thread")?;
+        Ok(Self {
+            jobs,
+            path: path.to_owned(),
+        })
+    }
+
+    /// Runs `op` on the store thread inside the next batch and returns its result once the
+    /// batch has committed.
+    async fn call<T, F>(&self, op: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job = Box::new(Pending {
+            op: Some(op),
+            result: None,
+            reply,
+        });
+        self.jobs
+            .send(job)
+            .await
+            .map_err(|_| StoreError::unavailable("the SQLite thread has stopped"))?;
+        answer
+            .await
+            .map_err(|_| StoreError::unavailable("the SQLite thread has stopped"))?
+    }
+}
+
+/// Concurrent starts on one new file race to migrate; the loser's attempt fails on the
+/// winner's tables, and a second look finds everything applied.
+fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match embedded::migrations::runner().run(conn) {
+            Ok(report) => {
+                for migration in report.applied_migrations() {
+                    tracing::info!(migration = %migration, "applied SQLite migration");
+                }
+                return Ok(());
+            }
+            Err(e) if attempts < 3 => {
+                tracing::debug!(error = %e, "migration attempt failed; trying again");
+            }
+            Err(e) => return Err(anyhow::anyhow!("{e}")),
+        }
+    }
+}
+
+/// One queued operation. `run` executes it inside the batch's transaction and keeps the
+/// result; `finish` hands it over once the commit's fate is known.
+trait Job: Send {
+    fn run(&mut self, conn: &Connection) -> bool;
+    fn finish(self: Box<Self>, commit: Result<(), &StoreError>);
+}
+
+struct Pending<T, F> {
+    op: Option<F>,
+    result: Option<Result<T, StoreError>>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T, F> Job for Pending<T, F>
+where
+    T: Send,
+    F: FnOnce(&Connection) -> Result<T, StoreError> + Send,
+{
+    fn run(&mut self, conn: &Connection) -> bool {
+        let result = self.op.take().map_or_else(
+            || Err(StoreError::Internal(anyhow::anyhow!("operation ran twice"))),
+            |op| op(conn),
+        );
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn finish(self: Box<Self>, commit: Result<(), &StoreError>) {
+        let outcome = match (commit, self.result) {
+            (Err(e), _) => Err(StoreError::unavailable(e)),
+            (Ok(()), Some(result)) => result,
+            (Ok(()), None) => Err(StoreError::Internal(anyhow::anyhow!("operation never ran"))),
+        };
+        // The requester may have given up (timeout); nothing to do then.
+        let _ = self.reply.send(outcome);
+    }
+}
+
+fn run_jobs(mut conn: Connection, mut queue: mpsc::Receiver<Box<dyn Job>>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = queue.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        run_batch(&mut conn, &mut batch);
+    }
+    tracing::debug!("SQLite thread stopping: every store handle is gone");
+}
+
+fn run_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Job>>) {
+    let committed = (|| {
+        let mut tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(classify)?;
+        for job in batch.iter_mut() {
+            let savepoint = tx.savepoint().map_err(classify)?;
+            if job.run(&savepoint) {
+                savepoint.commit().map_err(classify)?;
+            }
+            // A failed job's savepoint rolls back when dropped.
+        }
+        tx.commit().map_err(classify)
+    })();
+    if let Err(e) = &committed {
+        tracing::warn!(error = %e, jobs = batch.len(), "SQLite batch failed");
+    }
+    for job in batch.drain(..) {
+        job.finish(committed.as_ref().map(|_| ()));
+    }
+}
+
+fn classify(e: rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(
+            ErrorCode::DatabaseBusy
+            | ErrorCode::DatabaseLocked
+            | ErrorCode::SystemIoFailure
+            | ErrorCode::DiskFull
+            | ErrorCode::CannotOpen
+            | ErrorCode::OutOfMemory,
+        ) => StoreError::Unavailable(e.into()),
+        _ => StoreError::Internal(e.into()),
+    }
+}
+
+/// The store's clock: this process's wall clock, in Unix milliseconds. Every server sharing a
+/// file runs on the same machine, so they share this clock.
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn timestamp(ms: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_millis(ms)
+        .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("stored time {ms} is out of range")))
+}
+
+fn stored_fence(value: i64) -> Result<Fence, StoreError> {
+    Fence::new(value).map_err(|e| StoreError::Internal(anyhow::anyhow!("fence: {e}")))
+}
+
+fn lease(
+    resource: &ResourceName,
+    owner: &Owner,
+    fence: i64,
+    acquired_ms: i64,
+    expires_ms: i64,
+    now: i64,
+) -> Result<Lease, StoreError> {
+    Ok(Lease {
+        resource: resource.clone(),
+        owner: owner.clone(),
+        fence: stored_fence(fence)?,
+        acquired_at: timestamp(acquired_ms)?,
+        expires_at: timestamp(expires_ms)?,
+        observed_at: timestamp(now)?,
+    })
+}
+
+/// The row of a resource as the operations below need it.
+struct Row {
+    owner: String,
+    fence: i64,
+    acquired_at: i64,
+    expires_at: i64,
+}
+
+fn current(conn: &Connection, resource: &ResourceName) -> Result<Option<Row>, StoreError> {
+    conn.prepare_cached(
+        "SELECT owner, fence, acquired_at, expires_at FROM leases WHERE resource = ?1",
+    )
+    .and_then(|mut s| {
+        s.query_row([resource.as_str()], |r| {
+            Ok(Row {
+                owner: r.get(0)?,
+                fence: r.get(1)?,
+                acquired_at: r.get(2)?,
+                expires_at: r.get(3)?,
+            })
+        })
+        .optional()
+    })
+    .map_err(classify)
+}
+
+// The functions below run inside the batch transaction, which holds SQLite's write lock:
+// reading the row and then writing it is one atomic step.
+
+fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+    let now = now_ms();
+    let how = match current(conn, &req.resource)? {
+        None => Acquisition::Fresh,
+        Some(row) if row.expires_at <= now => Acquisition::TakenOver,
+        Some(row) if row.owner == req.owner.as_str() => Acquisition::Reacquired,
+        Some(_) => return Ok(AcquireOutcome::Held),
+    };
+    let fence: i64 = conn
+        .prepare_cached(
+            "UPDATE fence_counter SET last_fence = last_fence + 1 WHERE id = 1 RETURNING last_fence",
+        )
+        .and_then(|mut s| s.query_row([], |r| r.get(0)))
+        .map_err(classify)?;
+    let expires = now + req.ttl.millis();
+    conn.prepare_cached(
+        "INSERT INTO leases (resource, owner, fence, acquired_at, expires_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (resource) DO UPDATE SET
+             owner = excluded.owner, fence = excluded.fence,
+             acquired_at = excluded.acquired_at, expires_at = excluded.expires_at",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            req.resource.as_str(),
+            req.owner.as_str(),
+            fence,
+            now,
+            expires
+        ])
+    })
+    .map_err(classify)?;
+    let lease = lease(&req.resource, &req.owner, fence, now, expires, now)?;
+    Ok(AcquireOutcome::Acquired { lease, how })
+}
+
+fn inspect(conn: &Connection, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
+    let now = now_ms();
+    match current(conn, resource)? {
+        Some(row) if row.expires_at > now => {
+            let owner = Owner::parse(&row.owner)
+                .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored owner: {e}")))?;
+            lease(
+                resource,
+                &owner,
+                row.fence,
+                row.acquired_at,
+                row.expires_at,
+                now,
+            )
+            .map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+fn renew(conn: &Connection, req: &RenewRequest) -> Result<RenewOutcome, StoreError> {
+    let now = now_ms();
+    let Some(row) = current(conn, &req.resource)? else {
+        return Ok(RenewOutcome::NotFound);
+    };
+    if row.expires_at <= now {
+        return Ok(RenewOutcome::Expired);
+    }
+    if row.owner != req.owner.as_str() {
+        return Ok(RenewOutcome::OwnerMismatch);
+    }
+    if req.fence.is_some_and(|f| f.get() != row.fence) {
+        return Ok(RenewOutcome::StaleFence {
+            current: stored_fence(row.fence)?,
+        });
+    }
+    let expires = now + req.ttl.millis();
+    conn.prepare_cached("UPDATE leases SET expires_at = ?2 WHERE resource = ?1")
+        .and_then(|mut s| s.execute(params![req.resource.as_str(), expires]))
+        .map_err(classify)?;
+    lease(
+        &req.resource,
+        &req.owner,
+        row.fence,
+        row.acquired_at,
+        expires,
+        now,
+    )
+    .map(RenewOutcome::Renewed)
+}
+
+fn release(conn: &Connection, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
+    let now = now_ms();
+    let row = match current(conn, &req.resource)? {
+        Some(row) if row.expires_at > now => row,
+        _ => return Ok(ReleaseOutcome::NotFound),
+    };
+    if row.owner != req.owner.as_str() {
+        return Ok(ReleaseOutcome::NotOwner);
+    }
+    let fence = stored_fence(row.fence)?;
+    if req.fence.is_some_and(|f| f != fence) {
+        return Ok(ReleaseOutcome::StaleFence { current: fence });
+    }
+    conn.prepare_cached("DELETE FROM leases WHERE resource = ?1")
+        .and_then(|mut s| s.execute([req.resource.as_str()]))
+        .map_err(classify)?;
+    Ok(ReleaseOutcome::Released { fence })
+}
+
+fn purge_step(conn: &Connection, grace: Duration) -> Result<u64, StoreError> {
+    let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+    let cutoff = now_ms().saturating_sub(grace_ms);
+    conn.prepare_cached(
+        "DELETE FROM leases WHERE resource IN
+            (SELECT resource FROM leases WHERE expires_at < ?1 LIMIT ?2)",
+    )
+    .and_then(|mut s| s.execute(params![cutoff, PURGE_BATCH]))
+    .map(|n| n as u64)
+    .map_err(classify)
+}
+
+#[async_trait]
+impl LeaseStore for SqliteStore {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+        let req = req.clone();
+        self.call(move |conn| acquire(conn, &req)).await
+    }
+
+    async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
+        let resource = resource.clone();
+        self.call(move |conn| inspect(conn, &resource)).await
+    }
+
+    async fn renew(&self, req: &RenewRequest) -> Result<RenewOutcome, StoreError> {
+        let req = req.clone();
+        self.call(move |conn| renew(conn, &req)).await
+    }
+
+    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
+        let req = req.clone();
+        self.call(move |conn| release(conn, &req)).await
+    }
+
+    async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError> {
+        let mut total = 0;
+        loop {
+            let deleted = self.call(move |conn| purge_step(conn, grace)).await?;
+            total += deleted;
+            if deleted < PURGE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.call(|conn| conn.query_row("SELECT 1", [], |_| Ok(())).map_err(classify))
+            .await
+    }
+
+    fn describe(&self) -> String {
+        format!("SQLite file {}", self.path.display())
+    }
+}
