@@ -129,7 +129,7 @@ pub enum LogFormat {
 /// Which store to open.
 #[derive(Clone)]
 pub enum StoreConfig {
-    Postgres(PgConfig),
+    Postgres(Box<PgConfig>),
     Sqlite(PathBuf),
 }
 
@@ -150,7 +150,7 @@ impl StoreConfig {
             return Ok(Self::Sqlite(PathBuf::from(path)));
         }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Ok(Self::Postgres(PgConfig::parse(url)?));
+            return Ok(Self::Postgres(Box::new(PgConfig::parse(url)?)));
         }
         let scheme = url.split_once(':').map_or(url, |(s, _)| s);
         anyhow::bail!(
@@ -211,7 +211,7 @@ mod tests {
     fn store_is_chosen_by_url() {
         assert!(matches!(
             StoreConfig::from_url(None).unwrap(),
-            StoreConfig::Sqlite(p) if p == PathBuf::from("fencelock.db")
+            StoreConfig::Sqlite(p) if p.as_path() == std::path::Path::new("fencelock.db")
         ));
         assert!(matches!(
             StoreConfig::from_url(Some("")).unwrap(),
@@ -219,7 +219,7 @@ mod tests {
         ));
         assert!(matches!(
             StoreConfig::from_url(Some("sqlite:///tmp/x.db")).unwrap(),
-            StoreConfig::Sqlite(p) if p == PathBuf::from("/tmp/x.db")
+            StoreConfig::Sqlite(p) if p.as_path() == std::path::Path::new("/tmp/x.db")
         ));
         assert!(matches!(
             StoreConfig::from_url(Some("postgres://u@localhost/db")).unwrap(),

@@ -72,7 +72,7 @@ pub type SharedStore = Arc<dyn LeaseStore>;
 pub async fn open(config: &StoreConfig, pool_size: usize) -> anyhow::Result<SharedStore> {
     match config {
         StoreConfig::Postgres(pg) => {
-            let store = postgres::PgStore::connect(pg.clone(), pool_size)?;
+            let store = postgres::PgStore::connect((**pg).clone(), pool_size)?;
             if let Err(e) = store.ensure_schema().await {
                 tracing::warn!(error = %e, "PostgreSQL is not available yet; serving 503 until it is");
             }

@@ -394,11 +394,11 @@ fn classify(e: tokio_postgres::Error) -> StoreError {
     }
 }
 
+/// Every failure to get a connection means the database cannot be reached right now: refused,
+/// timed out, or refusing new sessions (shutting down, `ALLOW_CONNECTIONS false`, too many
+/// clients). None of them is a reason for a `500`.
 fn classify_pool(e: PoolError) -> StoreError {
-    match e {
-        PoolError::Backend(e) => classify(e),
-        other => StoreError::Unavailable(other.into()),
-    }
+    StoreError::Unavailable(e.into())
 }
 
 #[cfg(test)]

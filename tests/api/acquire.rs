@@ -1,0 +1,159 @@
+//! Acquire — `POST /locks/{resource}`.
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+
+use crate::helpers::{StoreKind, TTL, TestApp, fence};
+
+fn time(lock: &Value, field: &str) -> DateTime<Utc> {
+    let text = lock[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("{field} missing in {lock}"));
+    // RFC 3339, UTC, exactly millisecond precision: 2026-11-30T01:02:03.456Z
+    let shape = regex_lite::Regex::new(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$").unwrap();
+    assert!(
+        shape.is_match(text),
+        "{field} = {text:?} is not RFC 3339 UTC with milliseconds"
+    );
+    text.parse().expect("timestamp parses")
+}
+
+/// A free resource is granted with a fence, both timestamps and the time left.
+async fn free_resource_is_granted(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let response = app.acquire("job:42", "worker-a", 30).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"].to_str().unwrap(),
+        "application/json"
+    );
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["acquired"], json!(true));
+    let lock = &body["lock"];
+    assert_eq!(lock["resource"], json!("job:42"));
+    assert_eq!(lock["owner"], json!("worker-a"));
+    assert!(fence(lock) >= 1);
+    let (acquired_at, expires_at) = (time(lock, "acquired_at"), time(lock, "expires_at"));
+    assert_eq!((expires_at - acquired_at).num_milliseconds(), 30_000);
+    let left = lock["expires_in_ms"].as_i64().expect("expires_in_ms");
+    assert!((25_000..=30_000).contains(&left), "expires_in_ms = {left}");
+}
+
+/// A live lease of another owner: `acquired: false`, not an error, and the lease is untouched.
+async fn held_resource_is_refused_without_error(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let first = app.acquire_ok("report:monthly-2026-05", "a", TTL).await;
+    let response = app.acquire("report:monthly-2026-05", "b", TTL).await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({ "acquired": false, "resource": "report:monthly-2026-05" })
+    );
+    assert_eq!(app.fence_of("report:monthly-2026-05").await, fence(&first));
+}
+
+/// The same owner acquiring again (a retry after an unclear answer) gets a new, greater fence
+/// and fresh timestamps.
+async fn same_owner_reacquires_with_a_greater_fence(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let first = app.acquire_ok("job:1", "a", 10).await;
+    let again = app.acquire_ok("job:1", "a", 50).await;
+    assert!(fence(&again) > fence(&first));
+    assert!(time(&again, "acquired_at") >= time(&first, "acquired_at"));
+    assert_eq!(
+        (time(&again, "expires_at") - time(&again, "acquired_at")).num_seconds(),
+        50
+    );
+    assert_eq!(app.fence_of("job:1").await, fence(&again));
+}
+
+/// Owners are trimmed: " a " is the same owner as "a", and responses show the trimmed form.
+async fn owner_is_trimmed(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let first = app.acquire_ok("job:1", "  a\t", TTL).await;
+    assert_eq!(first["owner"], json!("a"));
+    let again = app.acquire_ok("job:1", "a", TTL).await;
+    assert!(fence(&again) > fence(&first));
+}
+
+/// An expired lease is absent: another owner takes it over with a greater fence.
+async fn expired_lease_is_taken_over_with_a_greater_fence(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let old = app.acquire_ok("job:1", "a", TTL).await;
+    app.db.age("job:1", 1).await;
+    let new = app.acquire_ok("job:1", "b", TTL).await;
+    assert_eq!(new["owner"], json!("b"));
+    assert!(fence(&new) > fence(&old));
+    // The old holder is out.
+    let refused = app
+        .acquire("job:1", "a", TTL)
+        .await
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(refused["acquired"], json!(false));
+}
+
+/// A lease expires exactly at `expires_at`: an expiry in the past by one millisecond frees it.
+async fn lease_is_expired_from_its_expiry_instant(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.acquire_ok("job:1", "a", TTL).await;
+    app.db.age("job:1", 0).await;
+    app.acquire_ok("job:1", "b", TTL).await;
+}
+
+/// Fences increase across resources, not only within one.
+async fn fences_increase_across_resources(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let mut last = 0;
+    for i in 0..20 {
+        let lock = app
+            .acquire_ok(&format!("res-{}", i % 7), &format!("o{i}"), TTL)
+            .await;
+        let f = fence(&lock);
+        assert!(f > last, "fence {f} after {last}");
+        last = f;
+        // Free the resource for the next owner that maps to it.
+        let released = app
+            .release(
+                &format!("res-{}", i % 7),
+                json!({ "owner": format!("o{i}") }),
+            )
+            .await;
+        assert_eq!(released.status(), 204);
+    }
+}
+
+/// Fences stay below 2^53 and are JSON integers.
+async fn fences_are_json_safe_integers(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let lock = app.acquire_ok("job:1", "a", TTL).await;
+    let f = lock["fence"]
+        .as_u64()
+        .expect("fence is a non-negative JSON integer");
+    assert!((1..(1u64 << 53)).contains(&f));
+}
+
+/// Acquire never blocks: a refused acquire answers at once.
+async fn refused_acquire_answers_at_once(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.acquire_ok("job:1", "a", TTL).await;
+    let started = std::time::Instant::now();
+    let body: Value = app.acquire("job:1", "b", TTL).await.json().await.unwrap();
+    assert_eq!(body["acquired"], json!(false));
+    // Generous: this only catches a blocking acquire (which would wait out the 60 s TTL).
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+}
+
+contract!(
+    free_resource_is_granted,
+    held_resource_is_refused_without_error,
+    same_owner_reacquires_with_a_greater_fence,
+    owner_is_trimmed,
+    expired_lease_is_taken_over_with_a_greater_fence,
+    lease_is_expired_from_its_expiry_instant,
+    fences_increase_across_resources,
+    fences_are_json_safe_integers,
+    refused_acquire_answers_at_once,
+);

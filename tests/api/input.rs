@@ -1,0 +1,507 @@
+//! Input rules: checked before any store access, every failure a problem document.
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::helpers::{StoreKind, TTL, TestApp, assert_problem, invalid_fields};
+
+/// ttl 0, negative, string, float, bool, null, 1e300, i64::MAX, above the maximum, missing.
+async fn invalid_ttls_are_422(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let bad = [
+        "0",
+        "-1",
+        "\"60\"",
+        "60.0",
+        "60.5",
+        "true",
+        "null",
+        "1e300",
+        "9223372036854775807",
+        "18446744073709551616",
+        "-9223372036854775809",
+        "86401",
+        "[60]",
+        "{}",
+    ];
+    for ttl in bad {
+        let body = format!(r#"{{"owner":"a","ttl_seconds":{ttl}}}"#);
+        let response = app
+            .send(Method::POST, "/locks/job:1", Some("application/json"), body)
+            .await;
+        let problem = assert_problem(response, 422, "validation-failed").await;
+        assert_eq!(invalid_fields(&problem), ["ttl_seconds"], "ttl {ttl}");
+        let renew = app
+            .send(
+                Method::POST,
+                "/locks/job:1/renew",
+                Some("application/json"),
+                format!(r#"{{"owner":"a","ttl_seconds":{ttl}}}"#),
+            )
+            .await;
+        assert_problem(renew, 422, "validation-failed").await;
+    }
+    let missing = app
+        .json(Method::POST, "/locks/job:1", &json!({ "owner": "a" }))
+        .await;
+    let problem = assert_problem(missing, 422, "validation-failed").await;
+    assert_eq!(invalid_fields(&problem), ["ttl_seconds"]);
+    // Nothing was taken along the way.
+    assert_problem(app.inspect("job:1").await, 404, "not-found").await;
+}
+
+/// The bounds themselves are fine.
+async fn ttl_bounds_are_inclusive(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.acquire_ok("a", "o", 1).await;
+    app.acquire_ok("b", "o", 86_400).await;
+}
+
+/// A server with a lower maximum refuses TTLs above it.
+async fn configured_max_ttl_applies(kind: StoreKind) {
+    let db = crate::helpers::TestDb::new(kind).await;
+    let app = TestApp::spawn_on(db, |s| {
+        s.max_ttl = fencelock::domain::Ttl::max(100).unwrap();
+    })
+    .await;
+    app.acquire_ok("a", "o", 100).await;
+    assert_problem(app.acquire("b", "o", 101).await, 422, "validation-failed").await;
+}
+
+/// Empty, blank, missing, non-string, control characters, over 255 bytes.
+async fn invalid_owners_are_422(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let bad = [
+        json!(""),
+        json!("   "),
+        json!("\t\n"),
+        json!(null),
+        json!(42),
+        json!(["a"]),
+        json!("a\u{0}b"),
+        json!("a\nb"),
+        json!("x".repeat(256)),
+        json!("é".repeat(128)),
+    ];
+    for owner in bad {
+        let response = app
+            .json(
+                Method::POST,
+                "/locks/job:1",
+                &json!({ "owner": owner, "ttl_seconds": TTL }),
+            )
+            .await;
+        let problem = assert_problem(response, 422, "validation-failed").await;
+        assert_eq!(invalid_fields(&problem), ["owner"], "owner {owner}");
+    }
+    let missing = app
+        .json(Method::POST, "/locks/job:1", &json!({ "ttl_seconds": TTL }))
+        .await;
+    assert_problem(missing, 422, "validation-failed").await;
+    // 255 bytes is fine, and so is non-ASCII.
+    app.acquire_ok("job:2", &"x".repeat(255), TTL).await;
+    app.acquire_ok("job:3", "wörker-ß", TTL).await;
+}
+
+/// Resource names: 255 characters fine, 256 not; every character outside the set refused.
+async fn resource_names_follow_the_rules(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let longest = "r".repeat(255);
+    let lock = app.acquire_ok(&longest, "a", TTL).await;
+    assert_eq!(lock["resource"], json!(longest));
+    let all_allowed = "AZaz09._-:@+=~";
+    app.acquire_ok(all_allowed, "a", TTL).await;
+    assert_eq!(
+        app.inspect(all_allowed).await.status(),
+        200,
+        "GET of a name with every allowed character"
+    );
+
+    let too_long = "r".repeat(256);
+    let encoded_bad = [
+        too_long.as_str(),
+        "a%2Fb",
+        "a%2fb",
+        "a%20b",
+        "a%22b",
+        "a'b",
+        "%C3%A9t%C3%A9",
+        "a%3Bb",
+        "a%25b",
+        "a%00b",
+        "a%5Cb",
+        "a%3Fb",
+        "a%23b",
+    ];
+    for resource in encoded_bad {
+        let path = format!("/locks/{resource}");
+        let acquire = app
+            .json(
+                Method::POST,
+                &path,
+                &json!({ "owner": "a", "ttl_seconds": TTL }),
+            )
+            .await;
+        let problem = assert_problem(acquire, 422, "validation-failed").await;
+        assert_eq!(invalid_fields(&problem), ["resource"], "{resource}");
+        assert_problem(app.get(&path).await, 422, "validation-failed").await;
+        let renew = app
+            .json(
+                Method::POST,
+                &format!("{path}/renew"),
+                &json!({ "owner": "a", "ttl_seconds": TTL }),
+            )
+            .await;
+        assert_problem(renew, 422, "validation-failed").await;
+        let release = app
+            .json(Method::DELETE, &path, &json!({ "owner": "a" }))
+            .await;
+        assert_problem(release, 422, "validation-failed").await;
+    }
+    // An empty name.
+    assert_problem(
+        app.json(
+            Method::POST,
+            "/locks/",
+            &json!({ "owner": "a", "ttl_seconds": TTL }),
+        )
+        .await,
+        422,
+        "validation-failed",
+    )
+    .await;
+}
+
+/// A literal `/` makes another path, which no route matches.
+async fn literal_slash_is_another_path(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    assert_problem(app.get("/locks/a/b").await, 404, "not-found").await;
+    let acquire = app
+        .json(
+            Method::POST,
+            "/locks/a/b",
+            &json!({ "owner": "a", "ttl_seconds": TTL }),
+        )
+        .await;
+    assert_problem(acquire, 404, "not-found").await;
+}
+
+/// SQL in names and owners is data: the table survives and the values round-trip.
+async fn sql_injection_is_inert(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let resource = "x%27%3B%20DROP%20TABLE%20leases%3B%20--";
+    let refused = app
+        .json(
+            Method::POST,
+            &format!("/locks/{resource}"),
+            &json!({ "owner": "a", "ttl_seconds": TTL }),
+        )
+        .await;
+    assert_problem(refused, 422, "validation-failed").await;
+    let owner = "o'); DROP TABLE leases; --";
+    let lock = app.acquire_ok("job:1", owner, TTL).await;
+    assert_eq!(lock["owner"], json!(owner));
+    let released = app.release("job:1", json!({ "owner": owner })).await;
+    assert_eq!(released.status(), 204);
+    app.acquire_ok("job:1", "still-works", TTL).await;
+    assert_eq!(app.db.total_rows().await, 1);
+}
+
+/// A typo such as `ttl` must not pass unnoticed.
+async fn unknown_fields_are_422(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let acquire = app
+        .json(
+            Method::POST,
+            "/locks/job:1",
+            &json!({ "owner": "a", "ttl": TTL }),
+        )
+        .await;
+    let problem = assert_problem(acquire, 422, "validation-failed").await;
+    let mut fields = invalid_fields(&problem);
+    fields.sort();
+    assert_eq!(fields, ["ttl", "ttl_seconds"]);
+
+    let extra = app
+        .json(
+            Method::POST,
+            "/locks/job:1",
+            &json!({ "owner": "a", "ttl_seconds": TTL, "fence": 1 }),
+        )
+        .await;
+    assert_eq!(
+        invalid_fields(&assert_problem(extra, 422, "validation-failed").await),
+        ["fence"]
+    );
+    let release = app
+        .json(
+            Method::DELETE,
+            "/locks/job:1",
+            &json!({ "owner": "a", "ttl_seconds": TTL }),
+        )
+        .await;
+    assert_problem(release, 422, "validation-failed").await;
+}
+
+/// fence: optional, a JSON integer ≥ 1.
+async fn invalid_fences_are_422(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.acquire_ok("job:1", "a", TTL).await;
+    for fence in [
+        "0",
+        "-1",
+        "\"1\"",
+        "1.5",
+        "true",
+        "9007199254740992",
+        "1e300",
+    ] {
+        let renew = app
+            .send(
+                Method::POST,
+                "/locks/job:1/renew",
+                Some("application/json"),
+                format!(r#"{{"owner":"a","ttl_seconds":60,"fence":{fence}}}"#),
+            )
+            .await;
+        let problem = assert_problem(renew, 422, "validation-failed").await;
+        assert_eq!(invalid_fields(&problem), ["fence"], "fence {fence}");
+        let release = app
+            .send(
+                Method::DELETE,
+                "/locks/job:1",
+                Some("application/json"),
+                format!(r#"{{"owner":"a","fence":{fence}}}"#),
+            )
+            .await;
+        assert_problem(release, 422, "validation-failed").await;
+    }
+    // The lease is still there.
+    assert_eq!(app.inspect("job:1").await.status(), 200);
+}
+
+/// Bodies that are not JSON, or not an object: `400`.
+async fn malformed_bodies_are_400(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    for body in [
+        "",
+        "{",
+        "{\"owner\": }",
+        "not json",
+        "[]",
+        "\"a\"",
+        "42",
+        "null",
+        "{}}",
+    ] {
+        for (method, path) in [
+            (Method::POST, "/locks/job:1"),
+            (Method::POST, "/locks/job:1/renew"),
+            (Method::DELETE, "/locks/job:1"),
+            (Method::POST, "/locks/job:1/release"),
+        ] {
+            let response = app
+                .send(method.clone(), path, Some("application/json"), body)
+                .await;
+            assert_problem(response, 400, "malformed-request").await;
+        }
+    }
+    // Deep nesting is refused cleanly, not by a crash.
+    let deep = format!("{}{}", "[".repeat(5_000), "]".repeat(5_000));
+    let response = app
+        .send(Method::POST, "/locks/job:1", Some("application/json"), deep)
+        .await;
+    assert_problem(response, 400, "malformed-request").await;
+}
+
+/// Content-Type missing or not JSON: `415`; parameters are fine.
+async fn content_type_must_be_json(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let body = json!({ "owner": "a", "ttl_seconds": TTL }).to_string();
+    for content_type in [
+        None,
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        Some("application/jsonx"),
+    ] {
+        let response = app
+            .send(Method::POST, "/locks/job:1", content_type, body.clone())
+            .await;
+        assert_problem(response, 415, "unsupported-media-type").await;
+    }
+    for content_type in ["application/json; charset=utf-8", "Application/JSON"] {
+        let response = app
+            .send(
+                Method::POST,
+                "/locks/job:1",
+                Some(content_type),
+                body.clone(),
+            )
+            .await;
+        assert_eq!(response.status(), 200, "{content_type}");
+        app.release("job:1", json!({ "owner": "a" })).await;
+    }
+}
+
+/// Bodies over 16 KiB: `413`; just under is fine.
+async fn oversized_body_is_413(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let padded = |size: usize| {
+        let core = json!({ "owner": "a", "ttl_seconds": TTL }).to_string();
+        format!("{}{core}", " ".repeat(size - core.len()))
+    };
+    let response = app
+        .send(
+            Method::POST,
+            "/locks/job:1",
+            Some("application/json"),
+            padded(16 * 1024 + 1),
+        )
+        .await;
+    assert_problem(response, 413, "payload-too-large").await;
+    let response = app
+        .send(
+            Method::POST,
+            "/locks/job:1",
+            Some("application/json"),
+            "x".repeat(1 << 20),
+        )
+        .await;
+    assert_problem(response, 413, "payload-too-large").await;
+    let response = app
+        .send(
+            Method::POST,
+            "/locks/job:1",
+            Some("application/json"),
+            padded(16 * 1024),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+}
+
+/// Input rules come first: a `422` wins over `404`, `403` and `acquired: false`.
+async fn validation_wins_over_store_outcomes(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.acquire_ok("held", "a", TTL).await;
+    assert_problem(app.acquire("held", "b", 0).await, 422, "validation-failed").await;
+    assert_problem(
+        app.release("held", json!({ "owner": "" })).await,
+        422,
+        "validation-failed",
+    )
+    .await;
+    assert_problem(
+        app.release("held", json!({ "owner": "b", "fence": 0 }))
+            .await,
+        422,
+        "validation-failed",
+    )
+    .await;
+    assert_problem(
+        app.renew("absent", json!({ "owner": "a", "ttl_seconds": -1 }))
+            .await,
+        422,
+        "validation-failed",
+    )
+    .await;
+    assert_problem(
+        app.release("absent", json!({ "owner": "a", "extra": true }))
+            .await,
+        422,
+        "validation-failed",
+    )
+    .await;
+}
+
+/// All problems of a request are listed together.
+async fn every_invalid_field_is_listed(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let response = app
+        .json(
+            Method::POST,
+            "/locks/bad%20name/renew",
+            &json!({ "owner": " ", "ttl_seconds": 0, "fence": -1, "x": 1 }),
+        )
+        .await;
+    let problem = assert_problem(response, 422, "validation-failed").await;
+    let mut fields = invalid_fields(&problem);
+    fields.sort();
+    assert_eq!(fields, ["fence", "owner", "resource", "ttl_seconds", "x"]);
+    for error in problem["errors"].as_array().unwrap() {
+        assert!(!error["message"].as_str().unwrap().is_empty());
+    }
+}
+
+/// Wrong methods: `405` problem with an `Allow` header; unknown paths: `404` problem.
+async fn wrong_methods_and_paths(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let cases = [
+        (Method::PUT, "/locks/job:1", "GET, POST, DELETE"),
+        (Method::PATCH, "/locks/job:1", "GET, POST, DELETE"),
+        (Method::GET, "/locks/job:1/renew", "POST"),
+        (Method::DELETE, "/locks/job:1/release", "POST"),
+        (Method::POST, "/healthz", "GET"),
+        (Method::DELETE, "/readyz", "GET"),
+    ];
+    for (method, path, allow) in cases {
+        let response = app.send(method, path, None, "").await;
+        assert_eq!(response.headers()["allow"].to_str().unwrap(), allow);
+        assert_problem(response, 405, "method-not-allowed").await;
+    }
+    for path in [
+        "/",
+        "/locks",
+        "/nope",
+        "/locks/job:1/other",
+        "/locks/a/b/renew",
+    ] {
+        assert_problem(app.get(path).await, 404, "not-found").await;
+    }
+}
+
+/// A pile of odd requests: every answer is a 2xx or a 4xx problem, never a 5xx.
+async fn odd_requests_never_get_a_500(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let bodies: Vec<Value> = vec![
+        json!({ "owner": { "nested": true }, "ttl_seconds": TTL }),
+        json!({ "owner": "a", "ttl_seconds": TTL, "owner2": null }),
+        json!({ "owner": "\u{202e}rtl", "ttl_seconds": TTL }),
+        json!({ "owner": "a", "ttl_seconds": 1, "fence": null }),
+        json!({ "owner": "🦀", "ttl_seconds": 2 }),
+        json!({ "": "" }),
+    ];
+    for body in bodies {
+        for (method, path) in [
+            (Method::POST, "/locks/job:1"),
+            (Method::POST, "/locks/job:1/renew"),
+            (Method::DELETE, "/locks/job:1"),
+            (Method::POST, "/locks/job:1/release"),
+        ] {
+            let response = app.json(method, path, &body).await;
+            assert!(
+                response.status().is_success() || response.status().is_client_error(),
+                "{body} → {}",
+                response.status()
+            );
+        }
+    }
+}
+
+contract!(
+    invalid_ttls_are_422,
+    ttl_bounds_are_inclusive,
+    configured_max_ttl_applies,
+    invalid_owners_are_422,
+    resource_names_follow_the_rules,
+    literal_slash_is_another_path,
+    sql_injection_is_inert,
+    unknown_fields_are_422,
+    invalid_fences_are_422,
+    malformed_bodies_are_400,
+    content_type_must_be_json,
+    oversized_body_is_413,
+    validation_wins_over_store_outcomes,
+    every_invalid_field_is_listed,
+    wrong_methods_and_paths,
+    odd_requests_never_get_a_500,
+);

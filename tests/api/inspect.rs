@@ -1,0 +1,62 @@
+//! Inspect — `GET /locks/{resource}`.
+
+use serde_json::{Value, json};
+
+use crate::helpers::{StoreKind, TTL, TestApp, assert_problem, fence};
+
+/// The live lease is shown without its owner.
+async fn live_lease_is_shown_without_owner(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let lock = app.acquire_ok("job:7", "secret-owner", TTL).await;
+    let response = app.inspect("job:7").await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"].to_str().unwrap(),
+        "application/json"
+    );
+    let text = response.text().await.unwrap();
+    assert!(!text.contains("secret-owner"), "owner leaked: {text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    let mut keys: Vec<&str> = body
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "acquired_at",
+            "expires_at",
+            "expires_in_ms",
+            "fence",
+            "resource"
+        ]
+    );
+    assert_eq!(body["resource"], json!("job:7"));
+    assert_eq!(fence(&body), fence(&lock));
+    assert_eq!(body["acquired_at"], lock["acquired_at"]);
+    assert_eq!(body["expires_at"], lock["expires_at"]);
+    let left = body["expires_in_ms"].as_i64().unwrap();
+    assert!(left > 0 && left <= TTL * 1000, "expires_in_ms = {left}");
+}
+
+async fn unknown_resource_is_not_found(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    assert_problem(app.inspect("never-taken").await, 404, "not-found").await;
+}
+
+/// An expired lease is treated as absent.
+async fn expired_lease_is_not_found(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.acquire_ok("job:1", "a", TTL).await;
+    app.db.age("job:1", 1).await;
+    assert_problem(app.inspect("job:1").await, 404, "not-found").await;
+}
+
+contract!(
+    live_lease_is_shown_without_owner,
+    unknown_resource_is_not_found,
+    expired_lease_is_not_found,
+);

@@ -1,0 +1,299 @@
+//! The real `fencelock` binary: configuration errors, store selection and its log line,
+//! graceful shutdown.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::helpers::{StoreKind, TTL, TestDb, client};
+
+/// Settings a developer's shell might carry that must not leak into these tests.
+const SETTINGS_VARS: [&str; 9] = [
+    "DATABASE_URL",
+    "FENCELOCK_BIND",
+    "FENCELOCK_MAX_TTL_SECONDS",
+    "FENCELOCK_POOL_SIZE",
+    "FENCELOCK_LOG_FORMAT",
+    "FENCELOCK_PURGE_GRACE_SECONDS",
+    "FENCELOCK_PURGE_INTERVAL_SECONDS",
+    "FENCELOCK_STORE_TIMEOUT_MS",
+    "RUST_LOG",
+];
+
+fn command(database_url: Option<&str>, cwd: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
+    for var in SETTINGS_VARS {
+        command.env_remove(var);
+    }
+    if let Some(url) = database_url {
+        command.env("DATABASE_URL", url);
+    }
+    command.current_dir(cwd).stdin(Stdio::null());
+    command
+}
+
+/// A `fencelock` process serving on a free port, with its log lines collected.
+pub struct ServerProcess {
+    child: Child,
+    pub address: String,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl ServerProcess {
+    pub fn start(database_url: Option<&str>, cwd: &Path) -> Self {
+        let mut child = command(database_url, cwd)
+            .args(["--bind", "127.0.0.1:0", "--log-format", "json"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting the fencelock binary");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (found, address) = mpsc::channel();
+        let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                if let Ok(event) = serde_json::from_str::<Value>(&line)
+                    && event["message"] == json!("fencelock serving")
+                {
+                    let _ = found.send(event["address"].as_str().unwrap_or_default().to_owned());
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let address = address
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("the server did not start; log: {:?}", log.lock().unwrap()));
+        Self {
+            child,
+            address: format!("http://{address}"),
+            log,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// SIGKILL: no chance to flush or clean up.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn terminate(&mut self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+    }
+
+    pub fn wait(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server did not exit in {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.kill9();
+        }
+    }
+}
+
+async fn acquire(server: &ServerProcess, resource: &str, owner: &str) -> reqwest::Response {
+    client()
+        .post(server.url(&format!("/locks/{resource}")))
+        .json(&json!({ "owner": owner, "ttl_seconds": TTL }))
+        .send()
+        .await
+        .expect("request reaches the server")
+}
+
+/// With no DATABASE_URL the server runs on `fencelock.db` in its working directory and
+/// says so at start.
+#[tokio::test]
+async fn default_store_is_a_sqlite_file_in_the_working_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(None, dir.path());
+    let response = acquire(&server, "job:1", "a").await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert!(body["lock"]["fence"].as_i64().unwrap() >= 1);
+    assert!(dir.path().join("fencelock.db").exists());
+    assert!(
+        server.log_text().contains("SQLite file fencelock.db"),
+        "{}",
+        server.log_text()
+    );
+}
+
+/// The start-up log names the PostgreSQL store without its password.
+#[tokio::test]
+async fn database_password_is_never_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://fencelock:hunter2-secret@127.0.0.1:{port}/locks");
+    let server = ServerProcess::start(Some(&url), dir.path());
+    let ready = client().get(server.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let log = server.log_text();
+    assert!(log.contains("postgres://fencelock:***@127.0.0.1"), "{log}");
+    assert!(!log.contains("hunter2"), "password in the log: {log}");
+}
+
+/// A variable and its value.
+type EnvVar<'a> = (&'a str, &'a str);
+
+/// A bad setting stops start-up with one line naming it, and no panic.
+#[test]
+fn bad_settings_stop_startup_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], Option<EnvVar<'_>>); 9] = [
+        (&["--bind", "nope"], None),
+        (&["--max-ttl-seconds", "0"], None),
+        (&["--max-ttl-seconds", "-5"], None),
+        (&["--pool-size", "0"], None),
+        (&["--log-format", "xml"], None),
+        (&["--purge-interval-seconds", "0"], None),
+        (&[], Some(("DATABASE_URL", "mysql://localhost/x"))),
+        (&[], Some(("DATABASE_URL", "postgres://host:notaport/x"))),
+        (&[], Some(("FENCELOCK_MAX_TTL_SECONDS", "lots"))),
+    ];
+    for (args, env) in cases {
+        let mut command = command(None, dir.path());
+        command.args(args);
+        if let Some((key, value)) = env {
+            command.env(key, value);
+        }
+        let output = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert!(!output.status.success(), "{args:?} {env:?} started");
+        assert_eq!(lines.len(), 1, "{args:?} {env:?}: {stderr}");
+        assert!(lines[0].starts_with("fencelock: "), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+/// `--help` explains every setting and its variable.
+#[test]
+fn help_names_every_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = command(None, dir.path()).arg("--help").output().unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    for name in [
+        "--bind",
+        "FENCELOCK_BIND",
+        "--database-url",
+        "DATABASE_URL",
+        "--max-ttl-seconds",
+        "FENCELOCK_MAX_TTL_SECONDS",
+        "--pool-size",
+        "FENCELOCK_POOL_SIZE",
+        "--log-format",
+        "FENCELOCK_LOG_FORMAT",
+    ] {
+        assert!(help.contains(name), "--help lacks {name}");
+    }
+}
+
+/// SIGTERM: the server stops on its own, with status 0, and says why.
+#[tokio::test]
+async fn sigterm_stops_the_server_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::start(None, dir.path());
+    assert_eq!(acquire(&server, "job:1", "a").await.status(), 200);
+    server.terminate();
+    let status = server.wait(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+    let log = server.log_text();
+    assert!(log.contains("shutting down"), "{log}");
+    assert!(log.contains("SIGTERM"), "{log}");
+}
+
+/// A request in flight when SIGTERM arrives still gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_requests_finish() {
+    let db = TestDb::new(StoreKind::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::start(Some(&db.url()), dir.path());
+    assert_eq!(acquire(&server, "job:1", "a").await.status(), 200);
+
+    // Hold the lease row so that the next acquire waits inside the store.
+    let (mut blocker, connection) = tokio_postgres::connect(&db.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let tx = blocker.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM leases WHERE resource = 'job:1' FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+    let in_flight = {
+        let url = server.url("/locks/job:1");
+        tokio::spawn(async move {
+            client()
+                .post(url)
+                .json(&json!({ "owner": "a", "ttl_seconds": TTL }))
+                .send()
+                .await
+        })
+    };
+    // Wait until the acquire is blocked on the row lock, as PostgreSQL reports it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the acquire never reached the store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.terminate();
+    tx.rollback().await.unwrap();
+    let response = in_flight
+        .await
+        .unwrap()
+        .expect("the in-flight request is answered");
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["acquired"], json!(true));
+    assert!(server.wait(Duration::from_secs(20)).success());
+}
