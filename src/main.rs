@@ -58,7 +58,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
 }
 
 async fn migrate(settings: Settings) -> anyhow::Result<()> {
-    let store = store::open(&settings.store, settings.pool_size).await?;
+    let store = store::open(&settings).await?;
     if let StoreConfig::Postgres(_) = settings.store {
         // open() tolerates an unreachable database; an explicit migrate must not.
         store.ping().await?;

@@ -30,7 +30,7 @@ impl Application {
     /// Opens the store named by the settings (applying migrations) and binds the listener.
     /// Port 0 picks a free port; [`Application::port`] tells which.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let store = store::open(&settings.store, settings.pool_size).await?;
+        let store = store::open(&settings).await?;
         Self::with_store(settings, store)
     }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::config::StoreConfig;
+use crate::config::{Settings, StoreConfig};
 use crate::domain::{
     AcquireOutcome, AcquireRequest, Lease, ReleaseOutcome, ReleaseRequest, RenewOutcome,
     RenewRequest, ResourceName,
@@ -69,10 +69,14 @@ pub type SharedStore = Arc<dyn LeaseStore>;
 /// An unreachable PostgreSQL is not fatal here: the server starts, answers `503` and `/readyz`
 /// stays `503` until the database answers, then migrates on first use. A SQLite file that
 /// cannot be opened is fatal, since nothing would change by waiting.
-pub async fn open(config: &StoreConfig, pool_size: usize) -> anyhow::Result<SharedStore> {
-    match config {
+pub async fn open(settings: &Settings) -> anyhow::Result<SharedStore> {
+    match &settings.store {
         StoreConfig::Postgres(pg) => {
-            let store = postgres::PgStore::connect((**pg).clone(), pool_size)?;
+            let store = postgres::PgStore::connect(
+                (**pg).clone(),
+                settings.pool_size,
+                settings.store_timeout,
+            )?;
             if let Err(e) = store.ensure_schema().await {
                 tracing::warn!(error = %e, "PostgreSQL is not available yet; serving 503 until it is");
             }

@@ -89,7 +89,21 @@ pub struct PgStore {
 
 impl PgStore {
     /// Builds the pool without connecting: connections are made on first use.
-    pub fn connect(config: PgConfig, pool_size: usize) -> anyhow::Result<Self> {
+    ///
+    /// `statement_timeout` is the server's store timeout: once a request has answered `503`,
+    /// PostgreSQL abandons its statement too, instead of finishing it later unseen while it
+    /// holds a connection and row locks.
+    pub fn connect(
+        mut config: PgConfig,
+        pool_size: usize,
+        statement_timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        let options = format!(
+            "{} -c statement_timeout={}",
+            config.config.get_options().unwrap_or_default(),
+            statement_timeout.as_millis()
+        );
+        config.config.options(options.trim_start());
         let manager = Manager::from_config(
             config.config.clone(),
             NoTls,

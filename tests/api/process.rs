@@ -297,3 +297,50 @@ async fn sigterm_lets_in_flight_requests_finish() {
     assert_eq!(body["acquired"], json!(true));
     assert!(server.wait(Duration::from_secs(20)).success());
 }
+
+/// Two server processes on one SQLite file work together: one winner per race and one
+/// fence sequence, decided by SQLite's write lock across processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_share_one_sqlite_file() {
+    let db = TestDb::new(StoreKind::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let servers = [
+        ServerProcess::start(Some(&db.url()), dir.path()),
+        ServerProcess::start(Some(&db.url()), dir.path()),
+    ];
+
+    let mut last = 0;
+    for i in 0..20 {
+        let response = acquire(&servers[i % 2], &format!("alt-{i}"), "x").await;
+        let body: Value = response.json().await.unwrap();
+        let fence = body["lock"]["fence"].as_i64().unwrap();
+        assert!(fence > last, "fence {fence} after {last}");
+        last = fence;
+    }
+
+    for round in 0..5 {
+        let resource = format!("race-{round}");
+        let mut tasks = Vec::new();
+        for i in 0..32 {
+            let url = servers[i % 2].url(&format!("/locks/{resource}"));
+            tasks.push(tokio::spawn(async move {
+                client()
+                    .post(url)
+                    .json(&json!({ "owner": format!("o{i}"), "ttl_seconds": TTL }))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json::<Value>()
+                    .await
+                    .unwrap()
+            }));
+        }
+        let mut winners = 0;
+        for task in tasks {
+            if task.await.unwrap()["acquired"] == json!(true) {
+                winners += 1;
+            }
+        }
+        assert_eq!(winners, 1, "{resource}");
+    }
+}

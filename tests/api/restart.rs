@@ -86,6 +86,10 @@ async fn fences_survive_kill_9_mid_load(kind: StoreKind) {
         acknowledged.len()
     );
     let highest = acknowledged.iter().map(|(_, f)| *f).max().unwrap();
+    eprintln!(
+        "{kind:?}: {} leases acknowledged before kill -9, highest fence {highest}",
+        acknowledged.len()
+    );
 
     let app = TestApp::spawn_on(db, |_| {}).await;
     for (resource, f) in &acknowledged {
