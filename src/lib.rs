@@ -11,6 +11,7 @@
 //! - [`store`]: the [`store::LeaseStore`] trait, PostgreSQL and SQLite.
 //! - [`shutdown`], [`telemetry`]: process signals and logging.
 
+pub mod client;
 pub mod config;
 pub mod domain;
 pub mod input;

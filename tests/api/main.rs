@@ -28,6 +28,7 @@ macro_rules! contract {
 mod helpers;
 
 mod acquire;
+mod client;
 mod concurrency;
 mod health;
 mod input;

@@ -1,0 +1,1 @@
+//! The worker client (see issue 4): acquire, renew, release, inspect, retry, `Lease`.

@@ -1,0 +1,1 @@
+//! Worker client tests against the real server.
