@@ -16,11 +16,73 @@ use crate::problem::{ApiError, FieldError};
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 
-/// Reads a JSON object body, enforcing media type, size and syntax.
+/// Reads a JSON object body, enforcing media type, size and syntax. A field given twice is
+/// refused: which of two owners was meant cannot be guessed.
 pub async fn read_object(
     req: &HttpRequest,
-    mut payload: web::Payload,
+    payload: web::Payload,
 ) -> Result<Map<String, Value>, ApiError> {
+    let body = read_body(req, payload).await?;
+    let refusal = match serde_json::from_slice::<UniqueKeys>(&body) {
+        Ok(UniqueKeys(map)) => return Ok(map),
+        Err(refusal) => refusal,
+    };
+    // Only to word the answer: is it no JSON at all, not an object, or a repeated field?
+    Err(match serde_json::from_slice::<Value>(&body) {
+        Err(e) => not_json(&e),
+        Ok(Value::Object(_)) => ApiError::Malformed(format!("the body is not valid: {refusal}")),
+        Ok(other) => ApiError::Malformed(format!(
+            "the body must be a JSON object, got {}",
+            kind(&other)
+        )),
+    })
+}
+
+/// Reads a body holding any JSON value, enforcing media type, size and syntax.
+pub async fn read_json(req: &HttpRequest, payload: web::Payload) -> Result<Value, ApiError> {
+    let body = read_body(req, payload).await?;
+    serde_json::from_slice(&body).map_err(|e| not_json(&e))
+}
+
+fn not_json(e: &serde_json::Error) -> ApiError {
+    ApiError::Malformed(format!("the body is not valid JSON: {e}"))
+}
+
+/// A JSON object whose keys are all distinct.
+struct UniqueKeys(Map<String, Value>);
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Keys;
+        impl<'de> serde::de::Visitor<'de> for Keys {
+            type Value = Map<String, Value>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut access: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut map = Map::new();
+                while let Some((key, value)) = access.next_entry::<String, Value>()? {
+                    if map.contains_key(&key) {
+                        return Err(serde::de::Error::custom(format!(
+                            "field {key:?} is given more than once"
+                        )));
+                    }
+                    map.insert(key, value);
+                }
+                Ok(map)
+            }
+        }
+        deserializer.deserialize_map(Keys).map(UniqueKeys)
+    }
+}
+
+/// The raw body, after the media type and size checks.
+async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<BytesMut, ApiError> {
     require_json(req)?;
     let declared = req
         .headers()
@@ -43,15 +105,7 @@ pub async fn read_object(
         }
         body.extend_from_slice(&chunk);
     }
-    let value: Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::Malformed(format!("the body is not valid JSON: {e}")))?;
-    match value {
-        Value::Object(map) => Ok(map),
-        other => Err(ApiError::Malformed(format!(
-            "the body must be a JSON object, got {}",
-            kind(&other)
-        ))),
-    }
+    Ok(body)
 }
 
 fn require_json(req: &HttpRequest) -> Result<(), ApiError> {

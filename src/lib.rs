@@ -7,6 +7,9 @@
 //!   requests and outcomes.
 //! - [`input`]: request bodies into domain types, with the contract's order of checks.
 //! - [`problem`]: the one error enum and its RFC 9457 rendering.
+//! - [`guard`]: the write guard for protected services (`Fencing-Token`, atomic fence check).
+//! - [`client`]: the worker client (acquire/renew/release/inspect, bounded retry, a
+//!   self-renewing `Lease` that reports its loss).
 //! - [`routes`]: HTTP handlers and the request middleware.
 //! - [`store`]: the [`store::LeaseStore`] trait, PostgreSQL and SQLite.
 //! - [`shutdown`], [`telemetry`]: process signals and logging.
@@ -14,6 +17,7 @@
 pub mod client;
 pub mod config;
 pub mod domain;
+pub mod guard;
 pub mod input;
 pub mod problem;
 pub mod routes;

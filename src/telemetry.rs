@@ -7,9 +7,17 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
-/// Installs the global subscriber. A second call (tests) leaves the first in place.
+/// Installs the global subscriber, logging at `info` unless `RUST_LOG` says otherwise. A
+/// second call (tests) leaves the first in place.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    init_with_default(format, "info");
+}
+
+/// Like [`init`], with another default filter (e.g. `warn` for a command whose own output
+/// must not drown in logs).
+pub fn init_with_default(format: LogFormat, default_filter: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -78,7 +78,8 @@ pub async fn not_found(req: HttpRequest) -> Result<actix_web::HttpResponse, ApiE
     Err(ApiError::NotFound(format!("no route for {}", req.path())))
 }
 
-fn not_allowed(
+/// A handler answering `405` with the given `Allow` list; for a resource's default service.
+pub fn not_allowed(
     allow: &'static str,
 ) -> impl Fn(HttpRequest) -> std::future::Ready<Result<actix_web::HttpResponse, ApiError>> + Clone {
     move |req: HttpRequest| {

@@ -1,1 +1,426 @@
-//! Worker client tests against the real server.
+//! Worker client (`fencelock::client`) against the real server: errors that tell contention,
+//! outage and loss apart; bounded retries; a `Lease` that renews itself and reports its loss
+//! in time. One store (SQLite) is enough: the client sees only HTTP.
+//!
+//! Timing assertions use TTLs of seconds and margins of hundreds of milliseconds or more, and
+//! every wait is bounded, so a slow machine fails loudly instead of hanging.
+
+use std::time::{Duration, Instant};
+
+use fencelock::client::{Client, Error, Lease, LossReason, RetryPolicy};
+use fencelock::config::{Settings, StoreConfig};
+
+use crate::helpers::{StoreKind, TestApp, TestDb};
+
+/// A TTL no lease outlives by itself during a test.
+const LONG: Duration = Duration::from_secs(60);
+
+/// The longest any test waits for a lease to be reported lost before failing.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn client_at(address: &str) -> Client {
+    Client::builder(address)
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("client builds")
+}
+
+fn client(app: &TestApp) -> Client {
+    client_at(&app.address)
+}
+
+async fn sqlite_app() -> TestApp {
+    TestApp::spawn(StoreKind::Sqlite).await
+}
+
+/// A port nothing listens on.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a free port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// Waits for `lease` to be reported lost, failing the test after [`PATIENCE`].
+async fn lost_within_patience(lease: &Lease) -> LossReason {
+    tokio::time::timeout(PATIENCE, lease.lost())
+        .await
+        .unwrap_or_else(|_| panic!("lease not reported lost within {PATIENCE:?}: {lease:?}"))
+}
+
+/// Contention, outage, loss and a caller bug are four different errors: `Held`,
+/// `Unavailable`, `LeaseLost` and `Rejected`; only the first two are worth retrying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_outage_and_loss_are_told_apart() {
+    let app = sqlite_app().await;
+    let client = client(&app);
+    let first = client.acquire("job:1", "a", LONG).await.expect("acquired");
+
+    let held = client.acquire("job:1", "b", LONG).await.unwrap_err();
+    assert!(
+        matches!(&held, Error::Held { resource } if resource == "job:1"),
+        "{held:?}"
+    );
+    assert!(held.is_retryable());
+
+    let nobody = client_at(&format!("http://127.0.0.1:{}", closed_port()));
+    let outage = nobody.acquire("job:1", "a", LONG).await.unwrap_err();
+    assert!(matches!(outage, Error::Unavailable(_)), "{outage:?}");
+    assert!(outage.is_retryable());
+
+    app.db.age("job:1", 1).await;
+    let second = client
+        .acquire("job:1", "b", LONG)
+        .await
+        .expect("taken over");
+    assert!(second.fence > first.fence);
+    let lost = client
+        .renew("job:1", "a", LONG, Some(first.fence))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &lost,
+            Error::LeaseLost {
+                reason: LossReason::OwnerMismatch
+            }
+        ),
+        "{lost:?}"
+    );
+    assert!(!lost.is_retryable());
+
+    let bug = client
+        .acquire("job:2", "a", Duration::ZERO)
+        .await
+        .unwrap_err();
+    match &bug {
+        Error::Rejected { status, problem } => {
+            assert_eq!(*status, 422);
+            assert_eq!(problem["type"], "validation-failed", "{problem}");
+        }
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    assert!(!bug.is_retryable());
+}
+
+/// A server that runs but cannot reach its store answers `503`: the client reports
+/// `Unavailable`, never `Held` ("unknown" is not "someone else has it").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_its_store_is_unavailable_not_held() {
+    let url = format!("postgres://postgres@127.0.0.1:{}/fencelock", closed_port());
+    let mut settings = Settings::for_store(StoreConfig::from_url(Some(&url)).expect("URL"));
+    settings.bind = "127.0.0.1:0".parse().expect("address");
+    // The app needs some TestDb to own; this one is never used.
+    let app = TestApp::spawn_with(TestDb::new(StoreKind::Sqlite).await, settings).await;
+    let client = client(&app);
+
+    let error = client.acquire("job:1", "a", LONG).await.unwrap_err();
+    assert!(matches!(error, Error::Unavailable(_)), "{error:?}");
+    let error = client.renew("job:1", "a", LONG, None).await.unwrap_err();
+    assert!(matches!(error, Error::Unavailable(_)), "{error:?}");
+    let error = client.inspect("job:1").await.unwrap_err();
+    assert!(matches!(error, Error::Unavailable(_)), "{error:?}");
+}
+
+/// Every refusal of renew and release is `LeaseLost`, with the reason the server gave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_say_why_the_lease_is_lost() {
+    let app = sqlite_app().await;
+    let client = client(&app);
+    let reason = |result: Result<_, Error>| match result {
+        Err(Error::LeaseLost { reason }) => reason,
+        other => panic!("expected LeaseLost, got {other:?}"),
+    };
+
+    assert_eq!(
+        reason(client.renew("never", "a", LONG, None).await.map(drop)),
+        LossReason::NotFound
+    );
+
+    let old = client.acquire("job:1", "a", LONG).await.expect("acquired");
+    let new = client
+        .acquire("job:1", "a", LONG)
+        .await
+        .expect("re-acquired");
+    assert_eq!(
+        reason(
+            client
+                .renew("job:1", "a", LONG, Some(old.fence))
+                .await
+                .map(drop)
+        ),
+        LossReason::StaleFence {
+            current_fence: Some(new.fence)
+        }
+    );
+    assert_eq!(
+        reason(client.release("job:1", "b", None).await),
+        LossReason::OwnerMismatch
+    );
+
+    app.db.age("job:1", 1).await;
+    assert_eq!(
+        reason(
+            client
+                .renew("job:1", "a", LONG, Some(new.fence))
+                .await
+                .map(drop)
+        ),
+        LossReason::Expired
+    );
+    assert_eq!(
+        reason(client.release("job:1", "a", Some(new.fence)).await),
+        LossReason::NotFound
+    );
+}
+
+/// Inspect shows the live lease (without owner) or `None`; a name with characters outside
+/// the contract's set reaches the server as one name (and is refused with `422`), never as
+/// another path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_and_names_that_need_encoding() {
+    let app = sqlite_app().await;
+    let client = client(&app);
+    assert_eq!(client.inspect("job:1").await.expect("inspect"), None);
+    let lock = client.acquire("job:1", "a", LONG).await.expect("acquired");
+    let view = client
+        .inspect("job:1")
+        .await
+        .expect("inspect")
+        .expect("live");
+    assert_eq!((view.resource.as_str(), view.fence), ("job:1", lock.fence));
+
+    for bad in ["job/1", "job 1", "jöb", "job%2F1", ""] {
+        let error = client.acquire(bad, "a", LONG).await.unwrap_err();
+        assert!(
+            matches!(error, Error::Rejected { status: 422, .. }),
+            "{bad:?}: {error:?}"
+        );
+    }
+    let error = client.renew("..", "a", LONG, None).await.unwrap_err();
+    assert!(matches!(error, Error::InvalidInput(_)), "{error:?}");
+}
+
+/// The retry helper waits out contention: the holder releases during the retries, and the
+/// waiting caller gets the lock with a greater fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_waits_for_the_holder_to_release() {
+    let app = sqlite_app().await;
+    let client = client(&app);
+    let held = client
+        .acquire("job:1", "holder", LONG)
+        .await
+        .expect("acquired");
+    let holder = client.clone();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        holder.release("job:1", "holder", Some(held.fence)).await
+    });
+
+    let policy = RetryPolicy {
+        initial_backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(200),
+        deadline: Duration::from_secs(10),
+    };
+    let started = Instant::now();
+    let lock = client
+        .acquire_with_retry("job:1", "waiter", LONG, &policy)
+        .await
+        .expect("acquired after the release");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(lock.owner, "waiter");
+    assert!(lock.fence > held.fence);
+    release.await.expect("task").expect("holder released");
+}
+
+/// Retries are bounded: against a lock held for a minute, the helper returns `Held` at its
+/// deadline, not later; a caller bug is not retried at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_gives_up_at_its_deadline() {
+    let app = sqlite_app().await;
+    let client = client(&app);
+    client
+        .acquire("job:1", "holder", LONG)
+        .await
+        .expect("acquired");
+
+    let policy = RetryPolicy {
+        initial_backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_millis(200),
+        deadline: Duration::from_secs(1),
+    };
+    let started = Instant::now();
+    let error = client
+        .acquire_with_retry("job:1", "waiter", LONG, &policy)
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(matches!(error, Error::Held { .. }), "{error:?}");
+    assert!(elapsed >= policy.deadline, "{elapsed:?}");
+    assert!(
+        elapsed < policy.deadline + Duration::from_secs(2),
+        "{elapsed:?}"
+    );
+
+    let started = Instant::now();
+    let slow = RetryPolicy {
+        deadline: LONG,
+        ..policy
+    };
+    let error = client
+        .acquire_with_retry("job:2", "waiter", Duration::ZERO, &slow)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, Error::Rejected { status: 422, .. }),
+        "{error:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2), "retried a 422");
+}
+
+/// A `Lease` with a 2 s TTL is kept for 3.5 TTLs by its background renewals: held the whole
+/// time, same fence, and the server shows it live with that fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_renews_through_several_ttls() {
+    let app = sqlite_app().await;
+    let client = client(&app);
+    let ttl = Duration::from_secs(2);
+    let lease = client.lease("job:1", ttl).await.expect("leased");
+    let fence = lease.fence();
+    assert_eq!(lease.resource(), "job:1");
+
+    let until = Instant::now() + ttl * 7 / 2;
+    while Instant::now() < until {
+        assert!(lease.is_held(), "lease lapsed: {lease:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(lease.fence(), fence);
+    let view = client
+        .inspect("job:1")
+        .await
+        .expect("inspect")
+        .expect("live");
+    assert_eq!(view.fence, fence);
+    assert!(view.expires_in_ms > 0);
+    // Without renewals the lease would have expired 1.5 TTLs ago: it is live only because
+    // they worked. Someone else still cannot have it.
+    let error = client.acquire("job:1", "other", LONG).await.unwrap_err();
+    assert!(matches!(error, Error::Held { .. }), "{error:?}");
+    lease.release().await.expect("released");
+}
+
+/// A renewal refused by the server (the lease expired and another owner took it) is
+/// reported at the next renewal, within one renewal interval (a third of the TTL) — not at
+/// the lease's own expiry — to the lease and to its watchers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_renewal_is_reported_promptly() {
+    let app = sqlite_app().await;
+    let client = client(&app);
+    let ttl = Duration::from_secs(3);
+    let lease = client.lease("job:1", ttl).await.expect("leased");
+    let watch = lease.watch();
+    let watcher = tokio::spawn(async move { watch.lost().await });
+
+    app.db.age("job:1", 1).await;
+    let other = client
+        .acquire("job:1", "other", LONG)
+        .await
+        .expect("taken over");
+    let taken = Instant::now();
+    let reason = lost_within_patience(&lease).await;
+    let elapsed = taken.elapsed();
+
+    assert!(other.fence > lease.fence());
+    assert!(
+        matches!(reason, LossReason::OwnerMismatch | LossReason::Expired),
+        "{reason:?}"
+    );
+    assert!(
+        elapsed < ttl / 3 + Duration::from_millis(700),
+        "{elapsed:?}"
+    );
+    assert!(!lease.is_held());
+    assert_eq!(watcher.await.expect("watcher"), reason);
+}
+
+/// With its renewals blocked (the server is gone), a 3 s lease is reported lost before
+/// those 3 s have passed — before the server would let anyone else acquire — but not
+/// absurdly early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_renewals_are_reported_lost_before_expiry() {
+    let app = sqlite_app().await;
+    let client = client(&app);
+    let ttl = Duration::from_secs(3);
+    let t0 = Instant::now();
+    let lease = client.lease("job:1", ttl).await.expect("leased");
+    drop(app); // stops the server: every renewal fails to connect
+
+    let reason = lost_within_patience(&lease).await;
+    let at = Instant::now();
+    assert!(at < t0 + ttl, "reported {:?} after t0", at - t0);
+    assert!(
+        at > t0 + Duration::from_secs(1),
+        "reported {:?} after t0",
+        at - t0
+    );
+    assert!(
+        matches!(&reason, LossReason::Unconfirmed { last_error } if last_error.contains("unavailable")),
+        "{reason:?}"
+    );
+    assert!(!lease.is_held());
+    assert_eq!(lease.remaining(), Duration::ZERO);
+}
+
+/// `release()` frees the resource at once; dropping a `Lease` releases it in the background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_and_drop_free_the_resource() {
+    let app = sqlite_app().await;
+    let client = client(&app);
+    let lease = client.lease("job:1", LONG).await.expect("leased");
+    let watch = lease.watch();
+    lease.release().await.expect("released");
+    assert_eq!(client.inspect("job:1").await.expect("inspect"), None);
+    assert_eq!(watch.lost().await, LossReason::Released);
+    assert!(!watch.is_held());
+
+    let lease = client.lease("job:2", LONG).await.expect("leased");
+    let held = client.lease("job:2", LONG).await.unwrap_err();
+    assert!(matches!(held, Error::Held { .. }), "{held:?}");
+    drop(lease);
+    let deadline = Instant::now() + PATIENCE;
+    while client.inspect("job:2").await.expect("inspect").is_some() {
+        assert!(Instant::now() < deadline, "dropped lease still held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `lease_with_retry` waits for a `Lease` of another worker to be released, and gets a
+/// greater fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_with_retry_waits_for_another_lease() {
+    let app = sqlite_app().await;
+    let client = client(&app);
+    let first = client.lease("job:1", LONG).await.expect("leased");
+    let first_fence = first.fence();
+    let releaser = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        first.release().await
+    });
+    let policy = RetryPolicy {
+        initial_backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(200),
+        deadline: Duration::from_secs(10),
+    };
+    let second = client
+        .lease_with_retry("job:1", LONG, &policy)
+        .await
+        .expect("leased after the release");
+    assert!(second.fence() > first_fence);
+    assert!(second.is_held());
+    releaser.await.expect("task").expect("first released");
+    second.release().await.expect("released");
+}

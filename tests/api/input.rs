@@ -306,6 +306,16 @@ async fn malformed_bodies_are_400(kind: StoreKind) {
             assert_problem(response, 400, "malformed-request").await;
         }
     }
+    // A field given twice is ambiguous, above all for the owner.
+    let twice = app
+        .send(
+            Method::POST,
+            "/locks/job:1",
+            Some("application/json"),
+            r#"{"owner":"a","owner":"b","ttl_seconds":60}"#,
+        )
+        .await;
+    assert_problem(twice, 400, "malformed-request").await;
     // Deep nesting is refused cleanly, not by a crash.
     let deep = format!("{}{}", "[".repeat(5_000), "]".repeat(5_000));
     let response = app

@@ -1,0 +1,157 @@
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context as _;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use fencelock::domain::{Fence, ResourceName};
+use fencelock::guard::{self, Admission};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use serde_json::Value;
+
+use super::{Doc, DocStore, Guarding, Outcome, Put, WriteRecord};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS docs (
+    key        TEXT    NOT NULL PRIMARY KEY,
+    value      TEXT    NOT NULL,
+    fence      INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS doc_writes (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    key     TEXT    NOT NULL,
+    fence   INTEGER NOT NULL,
+    outcome TEXT    NOT NULL CHECK (outcome IN ('applied', 'rejected')),
+    at      INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS doc_writes_key_id_idx ON doc_writes (key, id);";
+
+/// One connection behind a mutex, used only from blocking threads: plenty for a demo.
+pub struct SqliteDocs {
+    conn: Arc<Mutex<Connection>>,
+    guarding: Guarding,
+}
+
+impl SqliteDocs {
+    pub fn open(path: &Path, guarding: Guarding) -> anyhow::Result<Self> {
+        let conn = Connection::open(path)
+            .with_context(|| format!("opening SQLite database {}", path.display()))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let _: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.execute_batch(guard::sqlite::SCHEMA)?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            guarding,
+        })
+    }
+
+    async fn with<T, F>(&self, work: F) -> anyhow::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> anyhow::Result<T> + Send + 'static,
+    {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = conn
+                .lock()
+                .map_err(|_| anyhow::anyhow!("the SQLite connection was poisoned"))?;
+            work(&mut conn)
+        })
+        .await?
+    }
+}
+
+fn time(ms: i64) -> anyhow::Result<DateTime<Utc>> {
+    DateTime::from_timestamp_millis(ms).context("stored time out of range")
+}
+
+#[async_trait]
+impl DocStore for SqliteDocs {
+    async fn put(&self, key: &ResourceName, value: &Value, fence: Fence) -> anyhow::Result<Put> {
+        let (key, value, guarding) = (key.to_string(), value.clone(), self.guarding);
+        self.with(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let admission = match guarding {
+                Guarding::On => guard::sqlite::admit(&tx, &key, fence)?,
+                Guarding::Off => Admission::Admitted,
+            };
+            let now = Utc::now().timestamp_millis();
+            let (outcome, put) = match admission {
+                Admission::Admitted => {
+                    tx.execute(
+                        "INSERT INTO docs (key, value, fence, updated_at) VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT (key) DO UPDATE SET
+                             value = excluded.value, fence = excluded.fence, updated_at = excluded.updated_at",
+                        params![key, value.to_string(), fence.get(), now],
+                    )?;
+                    let doc = Doc {
+                        key: key.clone(),
+                        value,
+                        fence: fence.get(),
+                        updated_at: time(now)?,
+                    };
+                    (Outcome::Applied, Put::Applied(doc))
+                }
+                Admission::Stale { current } => (Outcome::Rejected, Put::Stale { current }),
+            };
+            tx.execute(
+                "INSERT INTO doc_writes (key, fence, outcome, at) VALUES (?1, ?2, ?3, ?4)",
+                params![key, fence.get(), outcome.as_str(), now],
+            )?;
+            tx.commit()?;
+            Ok(put)
+        })
+        .await
+    }
+
+    async fn get(&self, key: &ResourceName) -> anyhow::Result<Option<Doc>> {
+        let key = key.to_string();
+        self.with(move |conn| {
+            let row = conn
+                .query_row(
+                    "SELECT value, fence, updated_at FROM docs WHERE key = ?1",
+                    [&key],
+                    |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .optional()?;
+            row.map(|(value, fence, updated_at)| {
+                Ok(Doc {
+                    key: key.clone(),
+                    value: serde_json::from_str(&value)?,
+                    fence,
+                    updated_at: time(updated_at)?,
+                })
+            })
+            .transpose()
+        })
+        .await
+    }
+
+    async fn writes(&self, key: &ResourceName) -> anyhow::Result<Vec<WriteRecord>> {
+        let key = key.to_string();
+        self.with(move |conn| {
+            let mut statement = conn
+                .prepare("SELECT fence, outcome, at FROM doc_writes WHERE key = ?1 ORDER BY id")?;
+            let rows = statement.query_map([&key], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })?;
+            rows.map(|row| {
+                let (fence, outcome, at) = row?;
+                Ok(WriteRecord {
+                    fence,
+                    outcome: Outcome::parse(&outcome)?,
+                    at: time(at)?,
+                })
+            })
+            .collect()
+        })
+        .await
+    }
+}

@@ -1,0 +1,12 @@
+//! fencelock-demo: a small protected service that uses the fencelock write guard, and the
+//! paused-worker story that shows what the guard prevents.
+//!
+//! # Layout
+//! - [`docs`]: documents and their write log, on PostgreSQL or SQLite, written through the
+//!   guard in one transaction.
+//! - [`app`]: the demo store's HTTP API.
+//! - [`story`]: the paused-worker scenario, against in-process or running services.
+
+pub mod app;
+pub mod docs;
+pub mod story;

@@ -1,0 +1,340 @@
+//! The paused-worker story, played against a real lease server and a real demo store.
+//!
+//! Worker A acquires a lease and starts writing, then pauses past its TTL (a stand-in for a
+//! GC pause: A neither renews nor notices). The lease expires; worker B acquires it with a
+//! greater fence and writes. A wakes, still believing it holds the lease, and writes with its
+//! old fence. With the guard the store rejects that late write and B's work stands; without
+//! it, A silently overwrites B.
+
+use std::fmt::Display;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use fencelock::client::Client;
+use fencelock::config::{Settings, StoreConfig};
+use fencelock::guard::FENCING_TOKEN;
+use fencelock::startup::Application;
+use serde_json::{Value, json};
+
+use crate::app::DemoServer;
+use crate::docs::{self, Guarding};
+
+pub struct StoryOptions {
+    pub guarding: Guarding,
+    /// A running lease server; `None` starts one in-process on a temporary SQLite file.
+    pub lease_url: Option<String>,
+    /// A running demo store; `None` starts one in-process on a temporary SQLite file.
+    pub store_url: Option<String>,
+    pub ttl_seconds: u32,
+}
+
+/// How the story ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Guard on: the late write was rejected and B's value stands.
+    Protected,
+    /// Guard on, yet the late write got through or B's value was lost.
+    NotProtected,
+    /// Guard off: A's late write overwrote B's, as fencing would have prevented.
+    DamageShown,
+    /// Guard off here, but the store rejected the late write anyway (a running store with
+    /// its own guard on).
+    NoDamage,
+}
+
+/// Plays the story, printing its timeline, and says how it ended.
+pub async fn run(options: StoryOptions) -> anyhow::Result<Verdict> {
+    let scratch = tempfile::tempdir().context("creating a scratch directory")?;
+    let mut stops = Vec::new();
+
+    let lease_url = match &options.lease_url {
+        Some(url) => url.trim_end_matches('/').to_owned(),
+        None => {
+            let mut settings =
+                Settings::for_store(StoreConfig::Sqlite(scratch.path().join("leases.db")));
+            settings.bind = "127.0.0.1:0".parse()?;
+            let app = Application::build(settings).await?;
+            let url = format!("http://127.0.0.1:{}", app.port());
+            stops.push(app.handle());
+            actix_web::rt::spawn(app.run_until_stopped());
+            url
+        }
+    };
+    let store_url = match &options.store_url {
+        Some(url) => url.trim_end_matches('/').to_owned(),
+        None => {
+            let db = format!("sqlite://{}", scratch.path().join("docs.db").display());
+            let server = DemoServer::build(
+                "127.0.0.1:0".parse()?,
+                docs::open(Some(&db), options.guarding).await?,
+            )?;
+            let url = format!("http://127.0.0.1:{}", server.port());
+            stops.push(server.handle());
+            actix_web::rt::spawn(server.run_until_stopped());
+            url
+        }
+    };
+
+    let result = play(&options, &lease_url, &store_url).await;
+    for stop in stops {
+        stop.stop(true).await;
+    }
+    result
+}
+
+async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyhow::Result<Verdict> {
+    let ttl = Duration::from_secs(u64::from(options.ttl_seconds));
+    let locks = Client::new(lease_url)?;
+    let store = Store::new(store_url)?;
+    let timeline = Timeline::start();
+    // A fresh resource per run, so a long-running server's earlier runs never interfere.
+    let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S%.3f");
+    let resource = format!("report:story-{stamp}");
+    let (owner_a, owner_b) = (secret(), secret());
+
+    let guard_text = match (options.guarding, options.store_url.is_some()) {
+        (Guarding::On, _) => "guard ON",
+        (Guarding::Off, false) => "guard OFF",
+        (Guarding::Off, true) => "guard as configured on that store",
+    };
+    println!("The paused-worker story");
+    println!("  lease server: {lease_url}");
+    println!("  demo store:   {store_url} ({guard_text})");
+    println!(
+        "  resource:     {resource} (lease TTL {}s)\n",
+        options.ttl_seconds
+    );
+
+    let a = locks.acquire(&resource, &owner_a, ttl).await?;
+    timeline.say("worker A", format!("acquires the lease: fence {}", a.fence));
+    let first = store
+        .write(
+            &resource,
+            a.fence,
+            json!({ "author": "worker A", "text": "A's report, part 1" }),
+        )
+        .await?;
+    timeline.say(
+        "worker A",
+        format!(
+            "writes part 1 with fence {} → {}",
+            a.fence,
+            first.describe()
+        ),
+    );
+    timeline.say(
+        "worker A",
+        "pauses (a long GC pause): it stops renewing and does not know it",
+    );
+
+    wait_for_expiry(&locks, &resource, ttl).await?;
+    timeline.say(
+        "lease server",
+        format!("A's lease on {resource} has expired"),
+    );
+
+    let b = locks.acquire(&resource, &owner_b, ttl).await?;
+    timeline.say(
+        "worker B",
+        format!(
+            "acquires the lease: fence {} (greater than A's {})",
+            b.fence, a.fence
+        ),
+    );
+    let b_value = json!({ "author": "worker B", "text": "B's complete report" });
+    let b_write = store.write(&resource, b.fence, b_value.clone()).await?;
+    timeline.say(
+        "worker B",
+        format!(
+            "writes its report with fence {} → {}",
+            b.fence,
+            b_write.describe()
+        ),
+    );
+
+    timeline.say(
+        "worker A",
+        "wakes up, still believes it holds the lease, writes part 2",
+    );
+    let late = store
+        .write(
+            &resource,
+            a.fence,
+            json!({ "author": "worker A", "text": "A's report, part 2 (late)" }),
+        )
+        .await?;
+    timeline.say(
+        "demo store",
+        format!(
+            "A's late write with fence {} → {}",
+            a.fence,
+            late.describe()
+        ),
+    );
+
+    locks.release(&resource, &owner_b, Some(b.fence)).await?;
+    timeline.say("worker B", "releases the lease");
+
+    let doc = store.read(&resource).await?;
+    println!("\nFinal document:\n  {}", serde_json::to_string(&doc)?);
+    println!("Write log (oldest first):");
+    for write in store.writes(&resource).await? {
+        println!(
+            "  fence {:>4}  {:<8}  at {}",
+            write["fence"],
+            write["outcome"].as_str().unwrap_or("?"),
+            write["at"].as_str().unwrap_or("?")
+        );
+    }
+
+    let b_stands = doc["value"] == b_value;
+    let verdict = match (options.guarding, late.applied, b_stands) {
+        (Guarding::On, false, true) => Verdict::Protected,
+        (Guarding::On, _, _) => Verdict::NotProtected,
+        (Guarding::Off, true, false) => Verdict::DamageShown,
+        (Guarding::Off, _, _) => Verdict::NoDamage,
+    };
+    println!();
+    match verdict {
+        Verdict::Protected => println!(
+            "OK: the late write from paused worker A (fence {}) was rejected; worker B's report (fence {}) stands.",
+            a.fence, b.fence
+        ),
+        Verdict::NotProtected => println!(
+            "FAILED: the guard did not protect the document: late write applied = {}, B's report stands = {b_stands}.",
+            late.applied
+        ),
+        Verdict::DamageShown => println!(
+            "THE DATA IS NOW WRONG: paused worker A (fence {}) overwrote worker B's report (fence {}) after losing its lease. \
+             This is the damage the write guard prevents; run without --no-guard to see it rejected.",
+            a.fence, b.fence
+        ),
+        Verdict::NoDamage => println!(
+            "No damage this time: the store rejected the late write (its guard is on), so B's report stands."
+        ),
+    }
+    Ok(verdict)
+}
+
+/// Polls the lease server until the lease is gone: the paused worker's sleep, ended by the
+/// lease server's own clock rather than ours.
+async fn wait_for_expiry(locks: &Client, resource: &str, ttl: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + ttl + Duration::from_secs(30);
+    while locks.inspect(resource).await?.is_some() {
+        if Instant::now() > deadline {
+            bail!("the lease on {resource} did not expire within its TTL plus 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// The owner is the holder's secret: a fresh random one per acquisition attempt.
+fn secret() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// Prints one timeline line per event, with the time since the story began.
+struct Timeline {
+    started: Instant,
+}
+
+impl Timeline {
+    fn start() -> Self {
+        Self {
+            started: Instant::now(),
+        }
+    }
+
+    fn say(&self, who: &str, what: impl Display) {
+        let at = self.started.elapsed().as_secs_f64();
+        println!("  +{at:6.3}s  {who:<12}  {what}");
+    }
+}
+
+/// The demo store's HTTP API, as a worker uses it.
+struct Store {
+    http: reqwest::Client,
+    base: String,
+}
+
+struct WriteResult {
+    applied: bool,
+    status: u16,
+    body: Value,
+}
+
+impl WriteResult {
+    fn describe(&self) -> String {
+        if self.applied {
+            "applied".to_owned()
+        } else {
+            format!(
+                "REJECTED ({} {}, current fence {})",
+                self.status,
+                self.body["type"].as_str().unwrap_or("?"),
+                self.body["current_fence"]
+            )
+        }
+    }
+}
+
+impl Store {
+    fn new(base: &str) -> anyhow::Result<Self> {
+        Ok(Self {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()?,
+            base: base.to_owned(),
+        })
+    }
+
+    async fn write(&self, key: &str, fence: i64, value: Value) -> anyhow::Result<WriteResult> {
+        let response = self
+            .http
+            .put(format!("{}/docs/{key}", self.base))
+            .header(FENCING_TOKEN, fence.to_string())
+            .json(&value)
+            .send()
+            .await
+            .context("writing to the demo store")?;
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        match status {
+            200 => Ok(WriteResult {
+                applied: true,
+                status,
+                body,
+            }),
+            409 => Ok(WriteResult {
+                applied: false,
+                status,
+                body,
+            }),
+            _ => bail!("the demo store answered {status}: {body}"),
+        }
+    }
+
+    async fn read(&self, key: &str) -> anyhow::Result<Value> {
+        let response = self
+            .http
+            .get(format!("{}/docs/{key}", self.base))
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            bail!("reading {key} from the demo store: {}", response.status());
+        }
+        Ok(response.json().await?)
+    }
+
+    async fn writes(&self, key: &str) -> anyhow::Result<Vec<Value>> {
+        let body: Value = self
+            .http
+            .get(format!("{}/docs/{key}/writes", self.base))
+            .send()
+            .await?
+            .json()
+            .await?;
+        Ok(body["writes"].as_array().cloned().unwrap_or_default())
+    }
+}

@@ -1,0 +1,97 @@
+//! The paused-worker story, run as a user runs it: the real binary, its exit code, its output.
+
+use std::process::{Command, Output};
+
+use fencelock::config::{Settings, StoreConfig};
+use fencelock::startup::Application;
+use fencelock_demo::app::DemoServer;
+use fencelock_demo::docs::{self, Guarding};
+
+fn story(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fencelock-demo"))
+        .arg("paused-worker")
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("the demo binary runs")
+}
+
+/// With the guard, the late write is rejected, B's report stands, and the exit code is 0.
+#[test]
+fn guarded_story_rejects_the_late_write() {
+    let output = story(&["--ttl-seconds", "1"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("A's late write with fence"), "{stdout}");
+    assert!(stdout.contains("REJECTED (409 stale-fence"), "{stdout}");
+    assert!(
+        stdout.contains("OK: the late write from paused worker A"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("B's complete report"), "{stdout}");
+}
+
+/// Without the guard, the story still runs (exit 0) and says plainly that the data is wrong.
+#[test]
+fn unguarded_story_shows_the_overwrite() {
+    let output = story(&["--ttl-seconds", "1", "--no-guard"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.contains("THE DATA IS NOW WRONG"), "{stdout}");
+    assert!(stdout.contains("A's report, part 2 (late)"), "{stdout}");
+    assert!(!stdout.contains("REJECTED"), "{stdout}");
+}
+
+/// `--lease-url`/`--store-url` point the story at running services.
+#[test]
+fn story_runs_against_running_services() {
+    let dir = tempfile::tempdir().unwrap();
+    let leases = dir.path().join("leases.db");
+    let docs_url = format!("sqlite://{}", dir.path().join("docs.db").display());
+    let (ready, urls) = std::sync::mpsc::channel();
+    let services = std::thread::spawn(move || {
+        actix_web::rt::System::new().block_on(async move {
+            let mut settings = Settings::for_store(StoreConfig::Sqlite(leases));
+            settings.bind = "127.0.0.1:0".parse().unwrap();
+            let lease_server = Application::build(settings).await.unwrap();
+            let docs = docs::open(Some(&docs_url), Guarding::On).await.unwrap();
+            let store = DemoServer::build("127.0.0.1:0".parse().unwrap(), docs).unwrap();
+            ready
+                .send((
+                    format!("http://127.0.0.1:{}", lease_server.port()),
+                    format!("http://127.0.0.1:{}", store.port()),
+                    lease_server.handle(),
+                    store.handle(),
+                ))
+                .unwrap();
+            let _ = tokio::join!(lease_server.run_until_stopped(), store.run_until_stopped());
+        });
+    });
+    let (lease_url, store_url, lease_handle, store_handle) = urls.recv().unwrap();
+
+    let output = story(&[
+        "--ttl-seconds",
+        "1",
+        "--lease-url",
+        &lease_url,
+        "--store-url",
+        &store_url,
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(&format!("lease server: {lease_url}")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("REJECTED (409 stale-fence"), "{stdout}");
+
+    actix_web::rt::System::new().block_on(async {
+        lease_handle.stop(false).await;
+        store_handle.stop(false).await;
+    });
+    services.join().unwrap();
+}

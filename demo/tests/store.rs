@@ -1,0 +1,368 @@
+//! The demo store over real HTTP, on PostgreSQL and SQLite: the write guard's rules.
+
+use std::sync::Arc;
+
+use fencelock_demo::app::DemoServer;
+use fencelock_demo::docs::{self, Guarding};
+use serde_json::{Value, json};
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Postgres,
+    Sqlite,
+}
+
+fn admin_url() -> String {
+    std::env::var("FENCELOCK_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+async fn admin() -> tokio_postgres::Client {
+    let url = admin_url();
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL for tests is not reachable at {url}: {e}"));
+    tokio::spawn(connection);
+    client
+}
+
+/// A demo store on fresh storage, stopped and dropped with this value.
+struct TestStore {
+    address: String,
+    http: reqwest::Client,
+    handle: Option<(actix_web::dev::ServerHandle, std::thread::JoinHandle<()>)>,
+    database: Option<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestStore {
+    async fn spawn(kind: Kind, guarding: Guarding) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (url, database) = match kind {
+            Kind::Sqlite => (
+                format!("sqlite://{}", dir.path().join("docs.db").display()),
+                None,
+            ),
+            Kind::Postgres => {
+                let name = format!("fencelock_demo_test_{:016x}", fastrand::u64(..));
+                admin()
+                    .await
+                    .batch_execute(&format!("CREATE DATABASE {name}"))
+                    .await
+                    .unwrap();
+                let base = admin_url();
+                let (server, _) = base.rsplit_once('/').unwrap();
+                (format!("{server}/{name}"), Some(name))
+            }
+        };
+        let (ready, built) = tokio::sync::oneshot::channel();
+        let thread = std::thread::spawn(move || {
+            actix_web::rt::System::new().block_on(async move {
+                let docs = docs::open(Some(&url), guarding).await.expect("store opens");
+                let server = DemoServer::build("127.0.0.1:0".parse().unwrap(), docs).unwrap();
+                let _ = ready.send((server.port(), server.handle()));
+                let _ = server.run_until_stopped().await;
+            });
+        });
+        let (port, handle) = built.await.expect("demo store starts");
+        Self {
+            address: format!("http://127.0.0.1:{port}"),
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            handle: Some((handle, thread)),
+            database,
+            _dir: dir,
+        }
+    }
+
+    async fn put(&self, key: &str, fence: Option<&str>, body: &Value) -> reqwest::Response {
+        let mut request = self
+            .http
+            .put(format!("{}/docs/{key}", self.address))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(fence) = fence {
+            request = request.header("Fencing-Token", fence);
+        }
+        request.send().await.unwrap()
+    }
+
+    async fn get(&self, path: &str) -> reqwest::Response {
+        self.http
+            .get(format!("{}{path}", self.address))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn doc(&self, key: &str) -> Value {
+        let response = self.get(&format!("/docs/{key}")).await;
+        assert_eq!(response.status(), 200);
+        response.json().await.unwrap()
+    }
+
+    async fn writes(&self, key: &str) -> Vec<Value> {
+        let body: Value = self
+            .get(&format!("/docs/{key}/writes"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        body["writes"].as_array().unwrap().clone()
+    }
+}
+
+impl Drop for TestStore {
+    fn drop(&mut self) {
+        if let Some((handle, thread)) = self.handle.take() {
+            let _ = std::thread::spawn(move || {
+                actix_web::rt::System::new().block_on(handle.stop(false));
+            })
+            .join();
+            let _ = thread.join();
+        }
+        if let Some(name) = self.database.take() {
+            let _ = std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(async move {
+                        admin()
+                            .await
+                            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                            .await
+                    })
+            })
+            .join();
+        }
+    }
+}
+
+async fn problem(response: reqwest::Response, status: u16, kind: &str) -> Value {
+    assert_eq!(response.status().as_u16(), status);
+    assert_eq!(
+        response.headers()["content-type"].to_str().unwrap(),
+        "application/problem+json"
+    );
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["type"], json!(kind), "{body}");
+    body
+}
+
+macro_rules! both_stores {
+    ($($rule:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() { super::$rule(super::Kind::Postgres).await }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() { super::$rule(super::Kind::Sqlite).await }
+            )*
+        }
+    };
+}
+
+/// Equal and greater fences are applied; a lower one is rejected with `current_fence`,
+/// writes nothing, and stays visible in the write log.
+async fn guard_orders_writes_by_fence(kind: Kind) {
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    let applied = store.put("doc:1", Some("5"), &json!({ "by": "a" })).await;
+    assert_eq!(applied.status(), 200);
+    assert_eq!(
+        applied.json::<Value>().await.unwrap(),
+        json!({ "key": "doc:1", "value": { "by": "a" }, "fence": 5 })
+    );
+    assert_eq!(
+        store
+            .put("doc:1", Some("5"), &json!("again"))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        store.put("doc:1", Some("9"), &json!("b")).await.status(),
+        200
+    );
+
+    let stale = problem(
+        store.put("doc:1", Some("7"), &json!("late")).await,
+        409,
+        "stale-fence",
+    )
+    .await;
+    assert_eq!(stale["current_fence"], json!(9));
+
+    let doc = store.doc("doc:1").await;
+    assert_eq!(doc["value"], json!("b"));
+    assert_eq!(doc["fence"], json!(9));
+    assert!(doc["updated_at"].as_str().unwrap().ends_with('Z'));
+
+    let writes = store.writes("doc:1").await;
+    let summary: Vec<(i64, &str)> = writes
+        .iter()
+        .map(|w| (w["fence"].as_i64().unwrap(), w["outcome"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (5, "applied"),
+            (5, "applied"),
+            (9, "applied"),
+            (7, "rejected")
+        ]
+    );
+    assert!(writes.iter().all(|w| w["at"].is_string()));
+}
+
+/// Keys are independent: a high fence on one key does not block another.
+async fn keys_are_guarded_separately(kind: Kind) {
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    assert_eq!(store.put("a", Some("100"), &json!(1)).await.status(), 200);
+    assert_eq!(store.put("b", Some("1"), &json!(2)).await.status(), 200);
+}
+
+/// Missing header: `428`; anything but a positive integer: `400`.
+async fn fencing_token_is_required_and_checked(kind: Kind) {
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    problem(
+        store.put("doc:1", None, &json!(1)).await,
+        428,
+        "fencing-token-required",
+    )
+    .await;
+    for bad in ["abc", "0", "-5", "1.5", "", "9007199254740992"] {
+        problem(
+            store.put("doc:1", Some(bad), &json!(1)).await,
+            400,
+            "malformed-request",
+        )
+        .await;
+    }
+    problem(store.get("/docs/doc:1").await, 404, "not-found").await;
+    assert!(store.writes("doc:1").await.is_empty());
+}
+
+/// Any JSON value is a document; bodies follow the same rules as the lease server.
+async fn any_json_value_is_stored(kind: Kind) {
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    let values = [
+        json!(null),
+        json!(3.5),
+        json!("text"),
+        json!([1, { "a": true }]),
+        json!({}),
+    ];
+    for (i, value) in values.iter().enumerate() {
+        let fence = (i + 1).to_string();
+        assert_eq!(store.put("doc:v", Some(&fence), value).await.status(), 200);
+        assert_eq!(&store.doc("doc:v").await["value"], value);
+    }
+    let no_type = store
+        .http
+        .put(format!("{}/docs/doc:v", store.address))
+        .header("Fencing-Token", "10")
+        .body("1")
+        .send()
+        .await
+        .unwrap();
+    problem(no_type, 415, "unsupported-media-type").await;
+    let broken = store
+        .http
+        .put(format!("{}/docs/doc:v", store.address))
+        .header("Fencing-Token", "10")
+        .header("content-type", "application/json")
+        .body("{")
+        .send()
+        .await
+        .unwrap();
+    problem(broken, 400, "malformed-request").await;
+    problem(
+        store.put("bad%20key", Some("1"), &json!(1)).await,
+        422,
+        "validation-failed",
+    )
+    .await;
+}
+
+/// Many writers with mixed fences, many rounds: the document always ends with the value of
+/// the highest fence, and applied fences never go down in the log.
+async fn concurrent_writers_leave_the_highest_fence(kind: Kind) {
+    let store = Arc::new(TestStore::spawn(kind, Guarding::On).await);
+    for round in 0..8 {
+        let key = format!("race-{round}");
+        let fences: Vec<i64> = (0..24).map(|_| fastrand::i64(1..=1000)).collect();
+        let tasks: Vec<_> = fences
+            .iter()
+            .map(|&fence| {
+                let (store, key) = (store.clone(), key.clone());
+                tokio::spawn(async move {
+                    let response = store
+                        .put(&key, Some(&fence.to_string()), &json!(fence))
+                        .await;
+                    assert!(
+                        [200, 409].contains(&response.status().as_u16()),
+                        "{}",
+                        response.status()
+                    );
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let highest = *fences.iter().max().unwrap();
+        let doc = store.doc(&key).await;
+        assert_eq!(doc["fence"], json!(highest), "{key}");
+        assert_eq!(doc["value"], json!(highest), "{key}");
+
+        let writes = store.writes(&key).await;
+        assert_eq!(writes.len(), fences.len());
+        let applied: Vec<i64> = writes
+            .iter()
+            .filter(|w| w["outcome"] == json!("applied"))
+            .map(|w| w["fence"].as_i64().unwrap())
+            .collect();
+        assert!(applied.windows(2).all(|w| w[0] <= w[1]), "{applied:?}");
+        let mut highest_so_far = 0;
+        for write in &writes {
+            let fence = write["fence"].as_i64().unwrap();
+            match write["outcome"].as_str().unwrap() {
+                "applied" => {
+                    assert!(fence >= highest_so_far);
+                    highest_so_far = fence;
+                }
+                _ => assert!(
+                    fence < highest_so_far,
+                    "rejected {fence} at {highest_so_far}"
+                ),
+            }
+        }
+    }
+}
+
+/// With the guard off a late, lower fence overwrites: the damage fencing prevents.
+async fn without_the_guard_late_writes_win(kind: Kind) {
+    let store = TestStore::spawn(kind, Guarding::Off).await;
+    assert_eq!(
+        store.put("doc:1", Some("9"), &json!("b")).await.status(),
+        200
+    );
+    assert_eq!(
+        store.put("doc:1", Some("7"), &json!("late")).await.status(),
+        200
+    );
+    assert_eq!(store.doc("doc:1").await["value"], json!("late"));
+}
+
+both_stores!(
+    guard_orders_writes_by_fence,
+    keys_are_guarded_separately,
+    fencing_token_is_required_and_checked,
+    any_json_value_is_stored,
+    concurrent_writers_leave_the_highest_fence,
+    without_the_guard_late_writes_win,
+);

@@ -1,0 +1,73 @@
+//! The guard on SQLite.
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS fence_guard (
+//!     key        TEXT    NOT NULL PRIMARY KEY,
+//!     fence      INTEGER NOT NULL CHECK (fence > 0),
+//!     updated_at INTEGER NOT NULL  -- Unix milliseconds
+//! );
+//! ```
+//!
+//! ```no_run
+//! # use fencelock::domain::Fence;
+//! # use fencelock::guard::{self, Admission};
+//! use rusqlite::TransactionBehavior;
+//!
+//! fn write(
+//!     conn: &mut rusqlite::Connection,
+//!     key: &str,
+//!     fence: Fence,
+//!     body: &str,
+//! ) -> rusqlite::Result<Admission> {
+//!     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+//!     let admission = guard::sqlite::admit(&tx, key, fence)?;
+//!     if let Admission::Stale { .. } = admission {
+//!         return Ok(admission); // dropping tx rolls back: nothing was written
+//!     }
+//!     tx.execute("UPDATE documents SET body = ?2 WHERE key = ?1", (key, body))?;
+//!     tx.commit()?;
+//!     Ok(admission)
+//! }
+//! ```
+
+use rusqlite::{OptionalExtension, Transaction, params};
+
+use super::Admission;
+use crate::domain::Fence;
+
+/// The guard's table; idempotent, for a service's own migrations or start-up.
+pub const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS fence_guard (
+    key        TEXT    NOT NULL PRIMARY KEY,
+    fence      INTEGER NOT NULL CHECK (fence > 0),
+    updated_at INTEGER NOT NULL
+)";
+
+const ADMIT: &str = "
+INSERT INTO fence_guard (key, fence, updated_at) VALUES (?1, ?2, ?3)
+ON CONFLICT (key) DO UPDATE SET fence = excluded.fence, updated_at = excluded.updated_at
+    WHERE fence_guard.fence <= excluded.fence
+RETURNING fence";
+
+/// Admits a write with `fence` to `key`, or reports the greater fence already accepted.
+///
+/// It takes the transaction that performs the write (best begun `IMMEDIATE`, so that
+/// SQLite's write lock is held from the check to the commit): call it before the write, and
+/// write only when admitted.
+pub fn admit(tx: &Transaction<'_>, key: &str, fence: Fence) -> rusqlite::Result<Admission> {
+    let now = chrono::Utc::now().timestamp_millis();
+    let admitted = tx
+        .prepare_cached(ADMIT)?
+        .query_row(params![key, fence.get(), now], |r| r.get::<_, i64>(0))
+        .optional()?;
+    if admitted.is_some() {
+        return Ok(Admission::Admitted);
+    }
+    let current: i64 =
+        tx.query_row("SELECT fence FROM fence_guard WHERE key = ?1", [key], |r| {
+            r.get(0)
+        })?;
+    Ok(Admission::Stale {
+        current: Fence::new(current).unwrap_or(fence),
+    })
+}
