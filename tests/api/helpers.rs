@@ -197,6 +197,53 @@ impl TestDb {
     }
 }
 
+/// A row lock on a lease, held by another session until released: requests that need the row
+/// wait inside PostgreSQL, as they would behind a slow transaction.
+pub struct RowLock {
+    session: tokio_postgres::Client,
+}
+
+impl RowLock {
+    /// Locks the lease row of `resource` in the test's PostgreSQL database.
+    pub async fn take(db: &TestDb, resource: &str) -> Self {
+        assert!(
+            matches!(db, TestDb::Postgres { .. }),
+            "row locks are a PostgreSQL test tool"
+        );
+        let session = pg_connect(&db.url()).await;
+        session.batch_execute("BEGIN").await.expect("BEGIN");
+        let locked = session
+            .execute(
+                "SELECT 1 FROM leases WHERE resource = $1 FOR UPDATE",
+                &[&resource],
+            )
+            .await
+            .expect("locking the row");
+        assert_eq!(locked, 1, "no lease row for {resource} to lock");
+        Self { session }
+    }
+
+    /// Sessions of this database waiting for a lock right now.
+    pub async fn waiters(&self) -> i64 {
+        self.session
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .expect("reading pg_stat_activity")
+            .get(0)
+    }
+
+    pub async fn release(self) {
+        self.session
+            .batch_execute("ROLLBACK")
+            .await
+            .expect("ROLLBACK");
+    }
+}
+
 fn sqlite(path: &std::path::Path) -> rusqlite::Connection {
     let conn = rusqlite::Connection::open(path).expect("opening the test SQLite file");
     conn.busy_timeout(Duration::from_secs(10))

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use fencelock::config::{Settings, StoreConfig};
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestApp, TestDb, admin_url, assert_problem, fence};
+use crate::helpers::{RowLock, StoreKind, TTL, TestApp, TestDb, admin_url, assert_problem, fence};
 
 /// A port nothing listens on.
 fn closed_port() -> u16 {
@@ -117,23 +117,13 @@ async fn slow_store_answers_503_within_the_timeout() {
     let app = TestApp::spawn_on(db, |s| s.store_timeout = Duration::from_millis(500)).await;
     app.acquire_ok("job:1", "a", 1).await;
 
-    let (mut blocker, connection) = tokio_postgres::connect(&app.db.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    let tx = blocker.transaction().await.unwrap();
-    tx.execute(
-        "SELECT 1 FROM leases WHERE resource = 'job:1' FOR UPDATE",
-        &[],
-    )
-    .await
-    .unwrap();
+    let lock = RowLock::take(&app.db, "job:1").await;
 
     let started = Instant::now();
     let response = app.acquire("job:1", "a", TTL).await;
     assert_unavailable(response).await;
     assert!(started.elapsed() < Duration::from_secs(5));
-    tx.rollback().await.unwrap();
+    lock.release().await;
 }
 
 /// Several instances starting at once on an empty database all come up and agree.

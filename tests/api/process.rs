@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestDb, client};
+use crate::helpers::{RowLock, StoreKind, TTL, TestDb, client};
 
 /// Settings a developer's shell might carry that must not leak into these tests.
 const SETTINGS_VARS: [&str; 9] = [
@@ -245,17 +245,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
     assert_eq!(acquire(&server, "job:1", "a").await.status(), 200);
 
     // Hold the lease row so that the next acquire waits inside the store.
-    let (mut blocker, connection) = tokio_postgres::connect(&db.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    let tx = blocker.transaction().await.unwrap();
-    tx.execute(
-        "SELECT 1 FROM leases WHERE resource = 'job:1' FOR UPDATE",
-        &[],
-    )
-    .await
-    .unwrap();
+    let lock = RowLock::take(&db, "job:1").await;
     let in_flight = {
         let url = server.url("/locks/job:1");
         tokio::spawn(async move {
@@ -268,18 +258,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
     };
     // Wait until the acquire is blocked on the row lock, as PostgreSQL reports it.
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: i64 = tx
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting > 0 {
-            break;
-        }
+    while lock.waiters().await == 0 {
         assert!(
             Instant::now() < deadline,
             "the acquire never reached the store"
@@ -287,7 +266,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     server.terminate();
-    tx.rollback().await.unwrap();
+    lock.release().await;
     let response = in_flight
         .await
         .unwrap()
