@@ -22,7 +22,11 @@ pub fn init_with_default(format: LogFormat, default_filter: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false);
+        .with_target(false)
+        // A log line that cannot be written (the collector behind stderr went away) is lost;
+        // reporting that with `eprintln!` would panic on the same closed stderr and take the
+        // lease server down with it.
+        .log_internal_errors(false);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

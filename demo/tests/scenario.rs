@@ -95,3 +95,55 @@ fn story_runs_against_running_services() {
     });
     services.join().unwrap();
 }
+
+/// `fencelock-demo store` serves the guarded store on its own (here on port 0, SQLite).
+#[tokio::test]
+async fn store_command_serves_the_guarded_store() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fencelock-demo"))
+        .args(["store", "--bind", "127.0.0.1:0"])
+        .current_dir(dir.path())
+        .env_remove("FENCELOCK_DEMO_DATABASE_URL")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let port = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| {
+            let start = line.find("port=")? + "port=".len();
+            line[start..].split_whitespace().next()?.parse::<u16>().ok()
+        })
+        .expect("the store logs its port");
+    // Keep reading the log, as a terminal would.
+    std::thread::spawn(move || lines.for_each(drop));
+
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let put = |fence: &'static str, text: &'static str| {
+        http.put(format!("http://127.0.0.1:{port}/docs/report:1"))
+            .header("Fencing-Token", fence)
+            .json(&serde_json::json!({ "text": text }))
+            .send()
+    };
+    assert_eq!(put("3", "new").await.unwrap().status(), 200);
+    assert_eq!(put("2", "late").await.unwrap().status(), 409);
+    let doc: serde_json::Value = http
+        .get(format!("http://127.0.0.1:{port}/docs/report:1"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(doc["value"]["text"], "new");
+    assert!(dir.path().join("fencelock-demo.db").exists());
+
+    let _ = child.kill();
+    let _ = child.wait();
+}

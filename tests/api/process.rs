@@ -41,6 +41,8 @@ pub struct ServerProcess {
     child: Child,
     pub address: String,
     pub log: Arc<Mutex<Vec<String>>>,
+    /// Set to stop reading the server's stderr, which closes the pipe.
+    close_log: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ServerProcess {
@@ -55,8 +57,14 @@ impl ServerProcess {
         let (found, address) = mpsc::channel();
         let lines = BufReader::new(child.stderr.take().unwrap()).lines();
         let sink = log.clone();
+        let close_log = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let closing = close_log.clone();
         std::thread::spawn(move || {
             for line in lines.map_while(Result::ok) {
+                if closing.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Dropping the reader closes our end of the pipe.
+                    return;
+                }
                 if let Ok(event) = serde_json::from_str::<Value>(&line)
                     && event["message"] == json!("fencelock serving")
                 {
@@ -72,7 +80,18 @@ impl ServerProcess {
             child,
             address: format!("http://{address}"),
             log,
+            close_log,
         }
+    }
+
+    /// Stops reading the server's log: the pipe closes at the next line it writes.
+    pub fn close_log(&self) {
+        self.close_log
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -220,6 +239,19 @@ fn help_names_every_setting() {
     ] {
         assert!(help.contains(name), "--help lacks {name}");
     }
+}
+
+/// Losing the log pipe (a collector that restarts) must not take the server down.
+#[tokio::test]
+async fn server_survives_a_closed_log_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::start(None, dir.path());
+    server.close_log();
+    for i in 0..20 {
+        let response = acquire(&server, &format!("job:{i}"), "a").await;
+        assert_eq!(response.status(), 200);
+    }
+    assert!(server.is_running());
 }
 
 /// SIGTERM: the server stops on its own, with status 0, and says why.
