@@ -109,10 +109,15 @@ impl ServerProcess {
     }
 
     pub fn terminate(&mut self) {
+        self.signal("-TERM");
+    }
+
+    /// Sends `signal` (as `kill` spells it, e.g. `-INT`) to the server process.
+    pub fn signal(&mut self, signal: &str) {
         let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([signal, &self.child.id().to_string()])
             .status()
-            .expect("kill -TERM");
+            .expect("kill");
         assert!(status.success());
     }
 
@@ -266,6 +271,89 @@ async fn sigterm_stops_the_server_cleanly() {
     let log = server.log_text();
     assert!(log.contains("shutting down"), "{log}");
     assert!(log.contains("SIGTERM"), "{log}");
+}
+
+/// SIGINT (Ctrl-C) stops the server as gracefully as SIGTERM.
+#[tokio::test]
+async fn sigint_stops_the_server_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::start(None, dir.path());
+    assert_eq!(acquire(&server, "job:1", "a").await.status(), 200);
+    server.signal("-INT");
+    assert!(server.wait(Duration::from_secs(20)).success());
+    assert!(
+        server.log_text().contains("SIGINT"),
+        "{}",
+        server.log_text()
+    );
+}
+
+/// Every lease event is logged with resource and fence, and the owner token never is.
+#[tokio::test]
+async fn lease_events_are_logged_without_the_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::start(None, dir.path());
+    let owner = "owner-token-that-must-stay-secret";
+    let http = client();
+    let body = |ttl: i64| json!({ "owner": owner, "ttl_seconds": ttl });
+    let url = server.url("/locks/job:7");
+    assert_eq!(
+        http.post(&url)
+            .json(&body(60))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        acquire(&server, "job:7", "someone-else").await.status(),
+        200
+    );
+    let renew = http
+        .post(format!("{url}/renew"))
+        .json(&body(60))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(renew.status(), 200);
+    let release = http
+        .delete(&url)
+        .json(&json!({ "owner": owner }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(release.status(), 204);
+    server.terminate();
+    server.wait(Duration::from_secs(20));
+
+    let log = server.log_text();
+    assert!(!log.contains(owner), "the owner token was logged: {log}");
+    let events: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["lease.resource"] == json!("job:7"))
+        .collect();
+    for message in [
+        "lease acquired",
+        "lease refused: held by another owner",
+        "lease renewed",
+        "lease released",
+    ] {
+        let event = events
+            .iter()
+            .find(|e| e["message"] == json!(message))
+            .unwrap_or_else(|| panic!("no {message:?} event in {log}"));
+        if message != "lease refused: held by another owner" {
+            assert!(event["lease.fence"].is_i64(), "{event}");
+        }
+    }
+    let requests = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["message"] == json!("request"))
+        .count();
+    assert_eq!(requests, 4, "one line per request");
 }
 
 /// A request in flight when SIGTERM arrives still gets its answer.
