@@ -111,7 +111,31 @@ async fn two_instances_share_leases_and_fences(kind: StoreKind) {
     }
 }
 
+/// Concurrent re-acquisitions by one owner (retries after unclear answers) all succeed, and
+/// the lease left standing carries the greatest fence issued: a fence for a resource is never
+/// lower than the fence of the lease it replaced, however the requests interleave.
+async fn concurrent_reacquires_leave_the_greatest_fence(kind: StoreKind) {
+    let app = Arc::new(TestApp::spawn(kind).await);
+    for round in 0..5 {
+        let resource = format!("retry-{round}");
+        let mut tasks = Vec::new();
+        for _ in 0..32 {
+            let (app, resource) = (app.clone(), resource.clone());
+            tasks.push(tokio::spawn(async move {
+                fence(&app.acquire_ok(&resource, "same-owner", TTL).await)
+            }));
+        }
+        let mut fences = Vec::new();
+        for task in tasks {
+            fences.push(task.await.unwrap());
+        }
+        let greatest = *fences.iter().max().unwrap();
+        assert_eq!(app.fence_of(&resource).await, greatest, "{fences:?}");
+    }
+}
+
 contract!(
+    concurrent_reacquires_leave_the_greatest_fence,
     exactly_one_of_64_racers_wins,
     a_thousand_fences_are_distinct_and_ordered,
     two_instances_share_leases_and_fences,
