@@ -26,6 +26,7 @@ use crate::store::postgres::PgConfig;
 
 /// The SQLite file used when no database URL is given.
 pub const DEFAULT_SQLITE_FILE: &str = "fencelock.db";
+pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
 pub const DEFAULT_POOL_SIZE: u16 = 16;
 pub const DEFAULT_PURGE_GRACE_SECONDS: u64 = 3600;
 pub const DEFAULT_PURGE_INTERVAL_SECONDS: u64 = 60;
@@ -60,7 +61,7 @@ pub struct ServerArgs {
     #[arg(
         long,
         env = "FENCELOCK_BIND",
-        default_value = "127.0.0.1:8080",
+        default_value = DEFAULT_BIND,
         global = true
     )]
     pub bind: SocketAddr,
@@ -191,7 +192,7 @@ impl Settings {
     /// app without a command line (and without reading the environment).
     pub fn for_store(store: StoreConfig) -> Self {
         Self {
-            bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            bind: DEFAULT_BIND.parse().expect("the default address parses"),
             store,
             max_ttl: Ttl::max(DEFAULT_MAX_TTL_SECONDS).expect("the default is in range"),
             pool_size: usize::from(DEFAULT_POOL_SIZE),

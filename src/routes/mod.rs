@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use actix_web::{HttpRequest, web};
 
-pub use crate::input::MAX_BODY_BYTES;
 pub use observe::observe;
 
 use crate::domain::Ttl;
