@@ -65,6 +65,43 @@ impl PgConfig {
     }
 }
 
+/// A connection pool with the lease server's timeouts, for any service that talks to
+/// PostgreSQL on the request path (the lease store, the demo store): no request ever waits
+/// longer than [`POOL_TIMEOUT`] for a connection, and no statement runs longer than
+/// `statement_timeout`, so an outage is answered with `503` rather than a hang.
+///
+/// Connections are made on first use, not here.
+pub fn pool(
+    config: &PgConfig,
+    pool_size: usize,
+    statement_timeout: Duration,
+) -> anyhow::Result<Pool> {
+    let mut config = config.config.clone();
+    let options = format!(
+        "{} -c statement_timeout={}",
+        config.get_options().unwrap_or_default(),
+        statement_timeout.as_millis()
+    );
+    config.options(options.trim_start());
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            // A closed connection is detected without a round trip; one that dies while
+            // idle fails its next statement with a 503, and the pool replaces it.
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(pool_size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(POOL_TIMEOUT))
+        .create_timeout(Some(POOL_TIMEOUT))
+        .recycle_timeout(Some(POOL_TIMEOUT))
+        .build()
+        .context("building the PostgreSQL pool")
+}
+
 fn redact_password(url: &str) -> String {
     // postgres://user:password@host/db → postgres://user:***@host/db
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -89,40 +126,13 @@ pub struct PgStore {
 
 impl PgStore {
     /// Builds the pool without connecting: connections are made on first use.
-    ///
-    /// `statement_timeout` is the server's store timeout: once a request has answered `503`,
-    /// PostgreSQL abandons its statement too, instead of finishing it later unseen while it
-    /// holds a connection and row locks.
     pub fn connect(
-        mut config: PgConfig,
+        config: PgConfig,
         pool_size: usize,
         statement_timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let options = format!(
-            "{} -c statement_timeout={}",
-            config.config.get_options().unwrap_or_default(),
-            statement_timeout.as_millis()
-        );
-        config.config.options(options.trim_start());
-        let manager = Manager::from_config(
-            config.config.clone(),
-            NoTls,
-            ManagerConfig {
-                // A closed connection is detected without a round trip; one that dies while
-                // idle fails its next statement with a 503, and the pool replaces it.
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(pool_size)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(POOL_TIMEOUT))
-            .create_timeout(Some(POOL_TIMEOUT))
-            .recycle_timeout(Some(POOL_TIMEOUT))
-            .build()
-            .context("building the PostgreSQL pool")?;
         Ok(Self {
-            pool,
+            pool: pool(&config, pool_size, statement_timeout)?,
             config,
             schema: OnceCell::new(),
         })
