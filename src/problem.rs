@@ -62,6 +62,13 @@ pub enum ApiError {
     MethodNotAllowed { method: String, allow: &'static str },
     #[error("the lease store is unavailable; retry shortly")]
     StoreUnavailable(#[source] anyhow::Error),
+    /// The store answers but refuses writes. The outermost context of the cause is
+    /// fencelock's own wording of why (read-only, disk full), so it may be shown.
+    #[error("the lease store refuses writes: {0}; retry once it is writable again")]
+    StoreNotWritable(#[source] anyhow::Error),
+    /// For `/readyz` only: the store is not ready, and the operator asking may see why.
+    #[error("the lease store is not ready: {0}")]
+    NotReady(String),
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
 }
@@ -89,14 +96,34 @@ impl ApiError {
             Self::FencingTokenRequired(_) => {
                 (StatusCode::PRECONDITION_REQUIRED, "fencing-token-required")
             }
-            Self::StoreUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "store-unavailable"),
+            Self::StoreUnavailable(_) | Self::StoreNotWritable(_) | Self::NotReady(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "store-unavailable")
+            }
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
 
     /// Whether this is the server's fault (logged as such) rather than the caller's.
     pub fn is_server_side(&self) -> bool {
-        matches!(self, Self::StoreUnavailable(_) | Self::Internal(_))
+        matches!(
+            self,
+            Self::StoreUnavailable(_)
+                | Self::StoreNotWritable(_)
+                | Self::NotReady(_)
+                | Self::Internal(_)
+        )
+    }
+
+    /// The same failure as a readiness answer, whose detail names the whole cause: whoever
+    /// asks `/readyz` is operating the server and needs to know why it is not ready (an
+    /// incompatible schema, a read-only database) without reading the log.
+    pub fn naming_the_cause(self) -> Self {
+        match self {
+            Self::StoreUnavailable(cause)
+            | Self::StoreNotWritable(cause)
+            | Self::Internal(cause) => Self::NotReady(format!("{cause:#}")),
+            other => other,
+        }
     }
 
     /// Renders the problem document for a request to `instance`.
@@ -119,7 +146,7 @@ impl ApiError {
         let mut response = HttpResponse::build(status);
         response.insert_header((header::CONTENT_TYPE, PROBLEM_JSON));
         match self {
-            Self::StoreUnavailable(_) => {
+            Self::StoreUnavailable(_) | Self::StoreNotWritable(_) | Self::NotReady(_) => {
                 response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECONDS));
             }
             Self::MethodNotAllowed { allow, .. } => {
@@ -155,6 +182,7 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Unavailable(cause) => Self::StoreUnavailable(cause),
+            StoreError::NotWritable(cause) => Self::StoreNotWritable(cause),
             StoreError::Internal(cause) => Self::Internal(cause),
         }
     }
@@ -236,6 +264,16 @@ mod tests {
             ),
             (
                 ApiError::StoreUnavailable(anyhow::anyhow!("down")),
+                503,
+                "store-unavailable",
+            ),
+            (
+                ApiError::StoreNotWritable(anyhow::anyhow!("read-only")),
+                503,
+                "store-unavailable",
+            ),
+            (
+                ApiError::NotReady("read-only".into()),
                 503,
                 "store-unavailable",
             ),

@@ -79,7 +79,9 @@ pub async fn acquire(
         })
     })?;
 
-    let outcome = state.ask(state.store.acquire(&request)).await?;
+    let outcome = state
+        .write(|deadline| state.store.acquire(&request, deadline))
+        .await?;
     let body = match &outcome {
         AcquireOutcome::Acquired { lease, how } => {
             let event = match how {
@@ -145,7 +147,10 @@ pub async fn renew(
         })
     })?;
 
-    match state.ask(state.store.renew(&request)).await? {
+    match state
+        .write(|deadline| state.store.renew(&request, deadline))
+        .await?
+    {
         RenewOutcome::Renewed(lease) => {
             tracing::info!(
                 lease.resource = %lease.resource,
@@ -192,7 +197,10 @@ pub async fn release(
         })
     })?;
 
-    match state.ask(state.store.release(&request)).await? {
+    match state
+        .write(|deadline| state.store.release(&request, deadline))
+        .await?
+    {
         ReleaseOutcome::Released { fence } => {
             tracing::info!(lease.resource = %request.resource, lease.fence = fence.get(), "lease released");
             Ok(HttpResponse::NoContent().finish())

@@ -12,7 +12,14 @@ pub use observe::observe;
 
 use crate::domain::Ttl;
 use crate::problem::ApiError;
-use crate::store::{SharedStore, StoreError};
+use crate::store::{Deadline, SharedStore, StoreError};
+
+/// How much longer than a write's deadline its request waits for the store's answer. The
+/// store refuses work whose deadline has passed, so normally its own answer (done, or `503`
+/// and not done) arrives in time; this bound only ends the wait for a store that does not
+/// answer at all. Work that began just before the deadline gets this long to commit, so
+/// that its real outcome, not a `503`, reaches the client.
+const ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 /// What every handler shares.
 pub struct AppState {
@@ -23,20 +30,55 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Awaits a store operation within the store timeout.
+    /// Awaits a store read within the store timeout.
     async fn ask<T>(
         &self,
         operation: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, ApiError> {
-        match tokio::time::timeout(self.store_timeout, operation).await {
-            Ok(result) => result.map_err(ApiError::from),
-            Err(_) => Err(ApiError::StoreUnavailable(anyhow::anyhow!(
-                "the store did not answer within {:?}",
-                self.store_timeout
-            ))),
-        }
+        bounded(self.store_timeout, operation).await
+    }
+
+    /// Runs a store write that must not take effect after `store_timeout` (see [`Deadline`]).
+    async fn write<T, F>(&self, operation: impl FnOnce(Deadline) -> F) -> Result<T, ApiError>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        let deadline = Deadline::after(self.store_timeout);
+        bounded(self.store_timeout + ANSWER_GRACE, operation(deadline)).await
     }
 }
+
+async fn bounded<T>(
+    limit: Duration,
+    operation: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, ApiError> {
+    match tokio::time::timeout(limit, operation).await {
+        Ok(Err(StoreError::NotWritable(cause))) => {
+            report_not_writable(&cause);
+            Err(ApiError::StoreNotWritable(cause))
+        }
+        Ok(result) => result.map_err(ApiError::from),
+        Err(_) => Err(ApiError::StoreUnavailable(anyhow::anyhow!(
+            "the store did not answer within {limit:?}"
+        ))),
+    }
+}
+
+/// Logs at ERROR that the store refuses writes, at most once per [`NOT_WRITABLE_REPORT_EVERY`]:
+/// it will not heal by waiting, so an operator must hear of it, but one line says it all and
+/// a line per request would bury everything else (each request still gets its WARN line).
+fn report_not_writable(cause: &anyhow::Error) {
+    static LAST_REPORT: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+    let mut last = LAST_REPORT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if last.is_none_or(|at| at.elapsed() >= NOT_WRITABLE_REPORT_EVERY) {
+        *last = Some(std::time::Instant::now());
+        tracing::error!(error = %format!("{cause:#}"), "the lease store refuses writes; every write answers 503 until it is writable again");
+    }
+}
+
+const NOT_WRITABLE_REPORT_EVERY: Duration = Duration::from_secs(30);
 
 /// Registers every route. Each resource answers other methods with `405` and an `Allow`
 /// header; unknown paths get a `404` problem from the app's default service.

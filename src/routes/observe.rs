@@ -35,8 +35,11 @@ pub async fn observe(
                 ApiError::Internal(cause) => {
                     tracing::error!(http.method = %method, http.path = %path, error = ?cause, "internal error");
                 }
-                ApiError::StoreUnavailable(cause) => {
+                ApiError::StoreUnavailable(cause) | ApiError::StoreNotWritable(cause) => {
                     tracing::warn!(http.method = %method, http.path = %path, error = %format!("{cause:#}"), "store unavailable");
+                }
+                ApiError::NotReady(cause) => {
+                    tracing::warn!(http.method = %method, http.path = %path, error = %cause, "store not ready");
                 }
                 _ => {}
             }

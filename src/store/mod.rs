@@ -9,7 +9,7 @@ pub mod postgres;
 pub mod sqlite;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -25,6 +25,12 @@ pub enum StoreError {
     /// Unreachable, timed out, or busy: the outcome is unknown and a retry may succeed.
     #[error("store unavailable: {0:#}")]
     Unavailable(anyhow::Error),
+    /// The store answers but refuses writes: a read-only file, file system or database (a
+    /// PostgreSQL hot standby), or a full disk. Nothing was written. It heals only when an
+    /// operator acts, so it is reported loudly, but it is still a `503`: the same request may
+    /// succeed once the store is writable again.
+    #[error("store refuses writes: {0:#}")]
+    NotWritable(anyhow::Error),
     /// A bug or a broken schema: retrying will not help.
     #[error("store error: {0:#}")]
     Internal(anyhow::Error),
@@ -34,28 +40,92 @@ impl StoreError {
     pub fn unavailable(message: impl std::fmt::Display) -> Self {
         Self::Unavailable(anyhow::anyhow!("{message}"))
     }
+
+    /// The same kind of error with the same message, for each of several requests that one
+    /// failure (a failed batch commit) answers.
+    pub fn same_kind(&self) -> Self {
+        let cause = |e: &anyhow::Error| anyhow::anyhow!("{e:#}");
+        match self {
+            Self::Unavailable(e) => Self::Unavailable(cause(e)),
+            Self::NotWritable(e) => Self::NotWritable(cause(e)),
+            Self::Internal(e) => Self::Internal(cause(e)),
+        }
+    }
+
+    /// The answer for work that was not done because its request's deadline had passed.
+    pub fn too_late() -> Self {
+        Self::unavailable("the request's deadline passed before the store acted on it")
+    }
+}
+
+/// The moment after which a request's work must not take effect any more.
+///
+/// A request that is answered `503` tells its client "unknown; retry". If the store still
+/// carried the work out afterwards (a statement that reached PostgreSQL late, a job that sat
+/// in the SQLite queue behind a held write lock), a lease would be taken by nobody and block
+/// the resource for a whole TTL. So every write carries its deadline into the store, and the
+/// store refuses to act on it once the deadline has passed. The HTTP layer waits a little
+/// longer than the deadline (see `routes::AppState`), so the store's own refusal, not the
+/// HTTP timeout, is what normally ends a late request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Deadline(Instant);
+
+impl Deadline {
+    /// `budget` from now.
+    pub fn after(budget: Duration) -> Self {
+        Self(Instant::now() + budget)
+    }
+
+    pub fn instant(self) -> Instant {
+        self.0
+    }
+
+    pub fn has_passed(self) -> bool {
+        Instant::now() >= self.0
+    }
+
+    /// Time left; zero once passed.
+    pub fn remaining(self) -> Duration {
+        self.0.saturating_duration_since(Instant::now())
+    }
 }
 
 /// One lease store. Every method is a single atomic step in the store: there is no
 /// read-then-write window between deciding and writing.
 #[async_trait]
 pub trait LeaseStore: Send + Sync + 'static {
-    /// Takes the lease if there is no live lease of another owner; always issues a new fence.
-    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError>;
+    /// Takes the lease if there is no live lease of another owner, issuing a new fence; a
+    /// refused acquisition issues none. Nothing is written once `deadline` has passed.
+    async fn acquire(
+        &self,
+        req: &AcquireRequest,
+        deadline: Deadline,
+    ) -> Result<AcquireOutcome, StoreError>;
 
     /// The live lease of `resource`, if any. Expired leases are absent.
     async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError>;
 
-    /// Extends the caller's live lease to now + ttl, keeping its fence.
-    async fn renew(&self, req: &RenewRequest) -> Result<RenewOutcome, StoreError>;
+    /// Extends the caller's live lease to now + ttl, keeping its fence. Nothing is written
+    /// once `deadline` has passed.
+    async fn renew(
+        &self,
+        req: &RenewRequest,
+        deadline: Deadline,
+    ) -> Result<RenewOutcome, StoreError>;
 
-    /// Deletes the caller's live lease. The fence counter is never lowered.
-    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError>;
+    /// Deletes the caller's live lease. The fence counter is never lowered. Nothing is
+    /// written once `deadline` has passed.
+    async fn release(
+        &self,
+        req: &ReleaseRequest,
+        deadline: Deadline,
+    ) -> Result<ReleaseOutcome, StoreError>;
 
     /// Deletes leases that expired more than `grace` ago; returns how many.
     async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError>;
 
-    /// Succeeds when the store answers a trivial query (readiness).
+    /// Succeeds when the store accepts a durable write (readiness): a store that can be read
+    /// but not written is not ready to hand out leases.
     async fn ping(&self) -> Result<(), StoreError>;
 
     /// What the store is and where, for logs; never contains a password.

@@ -6,7 +6,8 @@
 //! store-wide, crash-safe and never reused after a release deletes a row.
 
 use std::str::FromStr;
-use std::time::Duration;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use async_trait::async_trait;
@@ -16,7 +17,7 @@ use tokio::sync::OnceCell;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Row};
 
-use super::{LeaseStore, StoreError};
+use super::{Deadline, LeaseStore, StoreError};
 use crate::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, Lease, Owner, ReleaseOutcome,
     ReleaseRequest, RenewOutcome, RenewRequest, ResourceName,
@@ -83,9 +84,9 @@ pub fn pool(
         statement_timeout.as_millis()
     );
     config.options(options.trim_start());
-    let manager = Manager::from_config(
+    let manager = Manager::from_connect(
         config,
-        NoTls,
+        OnDriverRuntime,
         ManagerConfig {
             // A closed connection is detected without a round trip; one that dies while
             // idle fails its next statement with a 503, and the pool replaces it.
@@ -100,6 +101,55 @@ pub fn pool(
         .recycle_timeout(Some(POOL_TIMEOUT))
         .build()
         .context("building the PostgreSQL pool")
+}
+
+/// The runtime every pooled connection lives on.
+///
+/// A connection's socket and its driver task belong to the runtime that opened them. actix
+/// runs one runtime per worker thread and stops an idle worker's runtime first on a graceful
+/// shutdown, which would cut the connections it opened while another worker is still
+/// finishing a request on one of them. Connections therefore live on a runtime of their own
+/// that lasts as long as the process; requests on any worker talk to them through the
+/// client's channel, as they always do.
+static DRIVERS: std::sync::LazyLock<tokio::runtime::Runtime> = std::sync::LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("fencelock-pg")
+        .enable_all()
+        .build()
+        .expect("starting the PostgreSQL connection runtime")
+});
+
+/// Opens pool connections on [`DRIVERS`].
+struct OnDriverRuntime;
+
+impl deadpool_postgres::Connect for OnDriverRuntime {
+    fn connect(
+        &self,
+        config: &tokio_postgres::Config,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
+    > {
+        let config = config.clone();
+        Box::pin(async move {
+            let opened = DRIVERS.spawn(async move {
+                let (client, connection) = config.connect(NoTls).await?;
+                let driver = tokio::spawn(async move {
+                    if let Err(e) = connection.await {
+                        tracing::debug!(error = %e, "PostgreSQL connection ended");
+                    }
+                });
+                Ok((client, driver))
+            });
+            match opened.await {
+                Ok(result) => result,
+                // The runtime lives as long as the process, so this is a panic in the connect
+                // code itself: pass it on.
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            }
+        })
+    }
 }
 
 fn redact_password(url: &str) -> String {
@@ -122,6 +172,59 @@ pub struct PgStore {
     /// Set once the migrations have been applied; until then every operation tries to apply
     /// them first, so a server started before its database comes up heals by itself.
     schema: OnceCell<()>,
+    clock: DbClock,
+}
+
+/// This process's monotonic clock mapped onto the database's clock, so that a request's
+/// deadline can be handed to the database as a database time.
+///
+/// Each answer that carries the database's `now()` is a sample: `now()` was read somewhere
+/// between sending and receiving, so taking it as the time of receipt makes the mapped
+/// deadline early by at most one round trip, never late. Slow answers are poor samples and
+/// are ignored once a first sample exists.
+struct DbClock {
+    anchor: Instant,
+    /// Database time in µs since the Unix epoch, minus µs since `anchor`, at the last good
+    /// sample; `i64::MIN` before the first.
+    offset_us: AtomicI64,
+}
+
+/// Round trips longer than this make no sample (unless there is none yet).
+const CLOCK_SAMPLE_MAX_RTT: Duration = Duration::from_millis(50);
+
+impl DbClock {
+    fn new() -> Self {
+        Self {
+            anchor: Instant::now(),
+            offset_us: AtomicI64::new(i64::MIN),
+        }
+    }
+
+    fn since_anchor_us(&self, at: Instant) -> i64 {
+        i64::try_from(at.saturating_duration_since(self.anchor).as_micros()).unwrap_or(i64::MAX)
+    }
+
+    /// Records that the database read `db_now` during a round trip started at `sent`.
+    fn sample(&self, db_now: DateTime<Utc>, sent: Instant) {
+        let received = Instant::now();
+        let known = self.offset_us.load(Ordering::Relaxed) != i64::MIN;
+        if known && received.duration_since(sent) > CLOCK_SAMPLE_MAX_RTT {
+            return;
+        }
+        let offset = db_now.timestamp_micros() - self.since_anchor_us(received);
+        self.offset_us.store(offset, Ordering::Relaxed);
+    }
+
+    /// `deadline` on the database's clock; `None` before the first sample.
+    fn database_time(&self, deadline: Deadline) -> Option<DateTime<Utc>> {
+        let offset = self.offset_us.load(Ordering::Relaxed);
+        if offset == i64::MIN {
+            return None;
+        }
+        DateTime::from_timestamp_micros(
+            offset.saturating_add(self.since_anchor_us(deadline.instant())),
+        )
+    }
 }
 
 impl PgStore {
@@ -135,6 +238,7 @@ impl PgStore {
             pool: pool(&config, pool_size, statement_timeout)?,
             config,
             schema: OnceCell::new(),
+            clock: DbClock::new(),
         })
     }
 
@@ -152,6 +256,18 @@ impl PgStore {
         let (mut client, connection) = self.config.config.connect(NoTls).await.map_err(classify)?;
         let driver = tokio::spawn(connection);
         let result = async {
+            // A standby cannot be migrated, and could not take a lease anyway: say so, and
+            // try again on the next request (it may be promoted).
+            let read_only: bool = client
+                .query_one(READ_ONLY, &[])
+                .await
+                .map_err(classify)?
+                .get(0);
+            if read_only {
+                return Err(StoreError::NotWritable(anyhow::anyhow!(
+                    "PostgreSQL accepts only reads (a hot standby, or transaction_read_only is on)"
+                )));
+            }
             client
                 .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
                 .await
@@ -185,36 +301,54 @@ impl PgStore {
         let statement = client.prepare_cached(sql).await.map_err(classify)?;
         client.query_opt(&statement, params).await.map_err(classify)
     }
+
+    /// `deadline` on the database's clock, reading that clock first if it was never read.
+    async fn database_deadline(&self, deadline: Deadline) -> Result<DateTime<Utc>, StoreError> {
+        if let Some(at) = self.clock.database_time(deadline) {
+            return Ok(at);
+        }
+        let client = self.client().await?;
+        let sent = Instant::now();
+        let row = client
+            .query_one("SELECT clock_timestamp()", &[])
+            .await
+            .map_err(classify)?;
+        self.clock.sample(row.get(0), sent);
+        self.clock
+            .database_time(deadline)
+            .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("the database clock is unset")))
+    }
+
+    /// Runs a write that carries its deadline, and takes the database's `now()` in column
+    /// `now_column` of the answer as a clock sample.
+    async fn write_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        now_column: usize,
+    ) -> Result<Option<Row>, StoreError> {
+        let sent = Instant::now();
+        let row = self.query_opt(sql, params).await?;
+        if let Some(row) = &row {
+            self.clock.sample(row.get(now_column), sent);
+        }
+        Ok(row)
+    }
 }
 
-/// Stored timestamps are truncated to milliseconds, the precision the API shows, so what a
-/// client reads is exactly what expiry is decided on.
+/// The decision and the fence live in `fencelock_acquire` (see the migrations): one round trip,
+/// one transaction, and a fence only for an acquisition that happens.
 const ACQUIRE: &str = "
-WITH previous AS (
-    SELECT owner, expires_at > now() AS live FROM leases WHERE resource = $1
-)
-INSERT INTO leases AS l (resource, owner, fence, acquired_at, expires_at)
-VALUES ($1, $2, nextval('lease_fence'),
-        date_trunc('milliseconds', now()),
-        date_trunc('milliseconds', now()) + $3::int * interval '1 second')
-ON CONFLICT (resource) DO UPDATE
-    -- nextval() here runs after the row lock is taken, so a fence issued for a resource is
-    -- always greater than the fence of the lease it replaces, however requests interleave.
-    SET owner = EXCLUDED.owner,
-        fence = nextval('lease_fence'),
-        acquired_at = EXCLUDED.acquired_at,
-        expires_at = EXCLUDED.expires_at
-    WHERE l.expires_at <= now() OR l.owner = EXCLUDED.owner
-RETURNING l.fence, l.acquired_at, l.expires_at, now(),
-          -- only names the event for logs; the WHERE above made the decision
-          (SELECT owner = $2 AND live FROM previous)";
+SELECT fence, acquired_at, expires_at, observed_at, how
+FROM fencelock_acquire($1, $2, $3, $4)";
 
 const INSPECT: &str = "
 SELECT owner, fence, acquired_at, expires_at, now()
 FROM leases WHERE resource = $1 AND expires_at > now()";
 
 /// The row is locked first, then updated only if it is live, the caller's, and (when given)
-/// of the caller's fence. The outer SELECT reports what was found, so a refusal says why.
+/// of the caller's fence, and only while the request's deadline ($5) has not passed. The
+/// outer SELECT reports what was found, so a refusal says why.
 const RENEW: &str = "
 WITH current AS (
     SELECT resource, owner, fence, expires_at > now() AS live
@@ -225,6 +359,7 @@ WITH current AS (
     FROM current c
     WHERE l.resource = c.resource AND c.live AND c.owner = $2
       AND ($4::bigint IS NULL OR c.fence = $4)
+      AND fencelock_in_time($5)
     RETURNING l.acquired_at, l.expires_at
 )
 SELECT c.live, c.owner = $2, c.fence, r.acquired_at, r.expires_at, now()
@@ -239,10 +374,20 @@ WITH current AS (
     USING current c
     WHERE l.resource = c.resource AND c.live AND c.owner = $2
       AND ($3::bigint IS NULL OR c.fence = $3)
+      AND fencelock_in_time($4)
     RETURNING l.fence
 )
-SELECT c.live, c.owner = $2, c.fence, EXISTS (SELECT 1 FROM released)
+SELECT c.live, c.owner = $2, c.fence, EXISTS (SELECT 1 FROM released), now()
 FROM current c";
+
+/// Readiness writes this row: what cannot be written here cannot take a lease either.
+const PROBE: &str = "
+INSERT INTO store_probe (id, checked_at) VALUES (1, now())
+ON CONFLICT (id) DO UPDATE SET checked_at = EXCLUDED.checked_at";
+
+/// A database that accepts only reads: a hot standby, or read-only by configuration.
+const READ_ONLY: &str =
+    "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'";
 
 /// Batched so that purging millions of one-off resources never holds one huge transaction.
 const PURGE_BATCH: i64 = 10_000;
@@ -256,12 +401,18 @@ DELETE FROM leases WHERE resource IN (
 #[async_trait]
 impl LeaseStore for PgStore {
     #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
-    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+    async fn acquire(
+        &self,
+        req: &AcquireRequest,
+        deadline: Deadline,
+    ) -> Result<AcquireOutcome, StoreError> {
         let ttl = ttl_param(req.ttl.seconds());
+        let until = self.database_deadline(deadline).await?;
         let row = self
-            .query_opt(
+            .write_opt(
                 ACQUIRE,
-                &[&req.resource.as_str(), &req.owner.as_str(), &ttl],
+                &[&req.resource.as_str(), &req.owner.as_str(), &ttl, &until],
+                3,
             )
             .await?;
         let Some(row) = row else {
@@ -275,10 +426,15 @@ impl LeaseStore for PgStore {
             expires_at: row.get(2),
             observed_at: row.get(3),
         };
-        let how = match row.get::<_, Option<bool>>(4) {
-            None => Acquisition::Fresh,
-            Some(true) => Acquisition::Reacquired,
-            Some(false) => Acquisition::TakenOver,
+        let how = match row.get::<_, &str>(4) {
+            "fresh" => Acquisition::Fresh,
+            "reacquired" => Acquisition::Reacquired,
+            "taken_over" => Acquisition::TakenOver,
+            other => {
+                return Err(StoreError::Internal(anyhow::anyhow!(
+                    "fencelock_acquire answered an unknown event {other:?}"
+                )));
+            }
         };
         Ok(AcquireOutcome::Acquired { lease, how })
     }
@@ -301,13 +457,25 @@ impl LeaseStore for PgStore {
     }
 
     #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
-    async fn renew(&self, req: &RenewRequest) -> Result<RenewOutcome, StoreError> {
+    async fn renew(
+        &self,
+        req: &RenewRequest,
+        deadline: Deadline,
+    ) -> Result<RenewOutcome, StoreError> {
         let ttl = ttl_param(req.ttl.seconds());
         let given = req.fence.map(Fence::get);
+        let until = self.database_deadline(deadline).await?;
         let row = self
-            .query_opt(
+            .write_opt(
                 RENEW,
-                &[&req.resource.as_str(), &req.owner.as_str(), &ttl, &given],
+                &[
+                    &req.resource.as_str(),
+                    &req.owner.as_str(),
+                    &ttl,
+                    &given,
+                    &until,
+                ],
+                5,
             )
             .await?;
         let Some(row) = row else {
@@ -333,12 +501,18 @@ impl LeaseStore for PgStore {
     }
 
     #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
-    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
+    async fn release(
+        &self,
+        req: &ReleaseRequest,
+        deadline: Deadline,
+    ) -> Result<ReleaseOutcome, StoreError> {
         let given = req.fence.map(Fence::get);
+        let until = self.database_deadline(deadline).await?;
         let row = self
-            .query_opt(
+            .write_opt(
                 RELEASE,
-                &[&req.resource.as_str(), &req.owner.as_str(), &given],
+                &[&req.resource.as_str(), &req.owner.as_str(), &given, &until],
+                4,
             )
             .await?;
         let Some(row) = row else {
@@ -371,9 +545,11 @@ impl LeaseStore for PgStore {
         }
     }
 
+    /// A real write (the probe row), committed like a lease change: a standby, a
+    /// read-only database or a full disk fail it the way they would fail an acquisition.
     async fn ping(&self) -> Result<(), StoreError> {
         let client = self.client().await?;
-        client.simple_query("SELECT 1").await.map_err(classify)?;
+        client.simple_query(PROBE).await.map_err(classify)?;
         Ok(())
     }
 
@@ -392,9 +568,27 @@ fn fence(row: &Row, index: usize) -> Result<Fence, StoreError> {
         .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored fence: {e}")))
 }
 
+/// Raised by `fencelock_in_time` (see the migrations): the request's deadline had passed
+/// when the database was about to write, so it wrote nothing.
+const DEADLINE_PASSED: &str = "FL408";
+
 /// The one place PostgreSQL failures are sorted, by SQLSTATE and connection state, never by
 /// message text.
 fn classify(e: tokio_postgres::Error) -> StoreError {
+    match e.code() {
+        Some(code) if code.code() == DEADLINE_PASSED => return StoreError::too_late(),
+        Some(code) if code == &SqlState::READ_ONLY_SQL_TRANSACTION => {
+            return StoreError::NotWritable(anyhow::Error::new(e).context(
+                "PostgreSQL accepts only reads (a hot standby, or transaction_read_only is on)",
+            ));
+        }
+        Some(code) if code == &SqlState::DISK_FULL => {
+            return StoreError::NotWritable(
+                anyhow::Error::new(e).context("PostgreSQL's disk is full"),
+            );
+        }
+        _ => {}
+    }
     let transient = e.is_closed()
         || e.as_db_error().is_none()
         || e.code().is_some_and(|code| {

@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{LeaseStore, StoreError};
+use super::{Deadline, LeaseStore, StoreError};
 use crate::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, Lease, Owner, ReleaseOutcome,
     ReleaseRequest, RenewOutcome, RenewRequest, ResourceName,
@@ -73,8 +73,9 @@ impl SqliteStore {
     }
 
     /// Runs `op` on the store thread inside the next batch and returns its result once the
-    /// batch has committed.
-    async fn call<T, F>(&self, op: F) -> Result<T, StoreError>
+    /// batch has committed. The operation is skipped, and never takes effect, if its
+    /// requester has stopped waiting or `deadline` has passed by the time its turn comes.
+    async fn call<T, F>(&self, deadline: Option<Deadline>, op: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
@@ -83,6 +84,7 @@ impl SqliteStore {
         let job = Box::new(Pending {
             op: Some(op),
             result: None,
+            deadline,
             reply,
         });
         self.jobs
@@ -119,6 +121,11 @@ fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
 /// One queued operation. `run` executes it inside the batch's transaction and keeps the
 /// result; `finish` hands it over once the commit's fate is known.
 trait Job: Send {
+    /// Whether nobody needs this operation any more: its requester gave up (it has answered
+    /// `503` or its client went away), or its deadline passed while it waited for its turn.
+    /// Such an operation must not run: its effect would land after the caller was told
+    /// "unknown".
+    fn abandoned(&self) -> bool;
     fn run(&mut self, conn: &Connection) -> bool;
     fn finish(self: Box<Self>, commit: Result<(), &StoreError>);
 }
@@ -126,6 +133,7 @@ trait Job: Send {
 struct Pending<T, F> {
     op: Option<F>,
     result: Option<Result<T, StoreError>>,
+    deadline: Option<Deadline>,
     reply: oneshot::Sender<Result<T, StoreError>>,
 }
 
@@ -134,7 +142,16 @@ where
     T: Send,
     F: FnOnce(&Connection) -> Result<T, StoreError> + Send,
 {
+    fn abandoned(&self) -> bool {
+        self.reply.is_closed() || self.deadline.is_some_and(Deadline::has_passed)
+    }
+
     fn run(&mut self, conn: &Connection) -> bool {
+        if self.abandoned() {
+            self.op = None;
+            self.result = Some(Err(StoreError::too_late()));
+            return false;
+        }
         let result = self.op.take().map_or_else(
             || Err(StoreError::Internal(anyhow::anyhow!("operation ran twice"))),
             |op| op(conn),
@@ -146,6 +163,8 @@ where
 
     fn finish(self: Box<Self>, commit: Result<(), &StoreError>) {
         let outcome = match (commit, self.result) {
+            // A failed batch rolled back: nothing of it was written, whatever the cause.
+            (Err(e @ StoreError::NotWritable(_)), _) => Err(e.same_kind()),
             (Err(e), _) => Err(StoreError::unavailable(e)),
             (Ok(()), Some(result)) => result,
             (Ok(()), None) => Err(StoreError::Internal(anyhow::anyhow!("operation never ran"))),
@@ -171,6 +190,8 @@ fn run_jobs(mut conn: Connection, mut queue: mpsc::Receiver<Box<dyn Job>>) {
 }
 
 fn run_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Job>>) {
+    // Each job checks whether it was abandoned when its turn comes, inside the transaction:
+    // taking the write lock may itself have waited for another process.
     let committed = (|| {
         let mut tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
@@ -198,10 +219,15 @@ fn classify(e: rusqlite::Error) -> StoreError {
             ErrorCode::DatabaseBusy
             | ErrorCode::DatabaseLocked
             | ErrorCode::SystemIoFailure
-            | ErrorCode::DiskFull
             | ErrorCode::CannotOpen
             | ErrorCode::OutOfMemory,
         ) => StoreError::Unavailable(e.into()),
+        Some(ErrorCode::ReadOnly) => StoreError::NotWritable(
+            anyhow::Error::new(e).context("the SQLite file or its file system is read-only"),
+        ),
+        Some(ErrorCode::DiskFull) => {
+            StoreError::NotWritable(anyhow::Error::new(e).context("the disk is full"))
+        }
         _ => StoreError::Internal(e.into()),
     }
 }
@@ -390,30 +416,45 @@ fn purge_step(conn: &Connection, grace: Duration) -> Result<u64, StoreError> {
 
 #[async_trait]
 impl LeaseStore for SqliteStore {
-    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+    async fn acquire(
+        &self,
+        req: &AcquireRequest,
+        deadline: Deadline,
+    ) -> Result<AcquireOutcome, StoreError> {
         let req = req.clone();
-        self.call(move |conn| acquire(conn, &req)).await
+        self.call(Some(deadline), move |conn| acquire(conn, &req))
+            .await
     }
 
     async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
         let resource = resource.clone();
-        self.call(move |conn| inspect(conn, &resource)).await
+        self.call(None, move |conn| inspect(conn, &resource)).await
     }
 
-    async fn renew(&self, req: &RenewRequest) -> Result<RenewOutcome, StoreError> {
+    async fn renew(
+        &self,
+        req: &RenewRequest,
+        deadline: Deadline,
+    ) -> Result<RenewOutcome, StoreError> {
         let req = req.clone();
-        self.call(move |conn| renew(conn, &req)).await
+        self.call(Some(deadline), move |conn| renew(conn, &req))
+            .await
     }
 
-    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
+    async fn release(
+        &self,
+        req: &ReleaseRequest,
+        deadline: Deadline,
+    ) -> Result<ReleaseOutcome, StoreError> {
         let req = req.clone();
-        self.call(move |conn| release(conn, &req)).await
+        self.call(Some(deadline), move |conn| release(conn, &req))
+            .await
     }
 
     async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError> {
         let mut total = 0;
         loop {
-            let deleted = self.call(move |conn| purge_step(conn, grace)).await?;
+            let deleted = self.call(None, move |conn| purge_step(conn, grace)).await?;
             total += deleted;
             if deleted < PURGE_BATCH as u64 {
                 return Ok(total);
@@ -421,9 +462,16 @@ impl LeaseStore for SqliteStore {
         }
     }
 
+    /// A real write, committed like any lease change: a read-only file or file system, or a
+    /// full disk, fails it the way it would fail an acquisition.
     async fn ping(&self) -> Result<(), StoreError> {
-        self.call(|conn| conn.query_row("SELECT 1", [], |_| Ok(())).map_err(classify))
-            .await
+        self.call(None, |conn| {
+            conn.prepare_cached("UPDATE fence_counter SET last_fence = last_fence WHERE id = 1")
+                .and_then(|mut s| s.execute([]))
+                .map(|_| ())
+                .map_err(classify)
+        })
+        .await
     }
 
     fn describe(&self) -> String {

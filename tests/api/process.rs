@@ -391,7 +391,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
         .await
         .unwrap()
         .expect("the in-flight request is answered");
-    assert_eq!(response.status(), 200);
+    assert_eq!(response.status(), 200, "{}", server.log_text());
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["acquired"], json!(true));
     assert!(server.wait(Duration::from_secs(20)).success());
