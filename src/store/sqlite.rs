@@ -46,25 +46,22 @@ pub struct SqliteStore {
 impl SqliteStore {
     /// Opens (or creates) the file, sets it up for durability and applies the migrations.
     /// Blocking: call it off the async executor (see [`super::open`]).
+    ///
+    /// A file that can be read but not written (its mode, an immutable flag) still opens:
+    /// the server then answers reads, and `503` to writes and to `/readyz`, and picks the
+    /// file up for writing as soon as that becomes possible.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
-        let mut conn = Connection::open(path)
-            .with_context(|| format!("opening SQLite database {}", path.display()))?;
-        conn.busy_timeout(BUSY_TIMEOUT)?;
-        // WAL lets readers of other processes go on while we write. synchronous=FULL makes
-        // every commit durable before it returns, also on power loss: with NORMAL, WAL mode
-        // may lose the last commits, and a lost fence-counter update would let the next
-        // acquisition re-issue a fence a client already holds.
-        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            anyhow::bail!("{}: could not switch to WAL journal mode", path.display());
-        }
-        conn.pragma_update(None, "synchronous", "FULL")?;
+        let mut conn = connect(path)?;
         migrate(&mut conn).with_context(|| format!("migrating {}", path.display()))?;
+        if is_read_only(&conn) {
+            tracing::error!(file = %path.display(), "the SQLite file is read-only: writes answer 503 until it can be written");
+        }
 
         let (jobs, queue) = mpsc::channel(QUEUE_DEPTH);
+        let thread_path = path.to_owned();
         std::thread::Builder::new()
             .name("fencelock-sqlite".to_owned())
-            .spawn(move || run_jobs(conn, queue))
+            .spawn(move || run_jobs(conn, &thread_path, queue))
             .context("starting the SQLite thread")?;
         Ok(Self {
             jobs,
@@ -96,6 +93,31 @@ impl SqliteStore {
             .map_err(|_| StoreError::unavailable("the SQLite thread has stopped"))?
     }
 }
+
+/// Opens the file for the store: WAL, durable commits, a bounded wait for other processes.
+fn connect(path: &Path) -> anyhow::Result<Connection> {
+    let conn = Connection::open(path)
+        .with_context(|| format!("opening SQLite database {}", path.display()))?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // WAL lets readers of other processes go on while we write. synchronous=FULL makes
+    // every commit durable before it returns, also on power loss: with NORMAL, WAL mode
+    // may lose the last commits, and a lost fence-counter update would let the next
+    // acquisition re-issue a fence a client already holds.
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        anyhow::bail!("{}: could not switch to WAL journal mode", path.display());
+    }
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    Ok(conn)
+}
+
+/// SQLite opens a file it may not write read-only, without an error; writes then fail.
+fn is_read_only(conn: &Connection) -> bool {
+    conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false)
+}
+
+/// How often a connection that was opened read-only tries to reopen the file for writing.
+const REOPEN_EVERY: Duration = Duration::from_secs(1);
 
 /// Concurrent starts on one new file race to migrate; the loser's attempt fails on the
 /// winner's tables, and a second look finds everything applied.
@@ -174,9 +196,20 @@ where
     }
 }
 
-fn run_jobs(mut conn: Connection, mut queue: mpsc::Receiver<Box<dyn Job>>) {
+fn run_jobs(mut conn: Connection, path: &Path, mut queue: mpsc::Receiver<Box<dyn Job>>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut last_reopen = std::time::Instant::now();
     while let Some(first) = queue.blocking_recv() {
+        if is_read_only(&conn) && last_reopen.elapsed() >= REOPEN_EVERY {
+            last_reopen = std::time::Instant::now();
+            match connect(path) {
+                Ok(writable) if !is_read_only(&writable) => {
+                    tracing::info!(file = %path.display(), "the SQLite file can be written again");
+                    conn = writable;
+                }
+                _ => {}
+            }
+        }
         batch.push(first);
         while batch.len() < MAX_BATCH {
             match queue.try_recv() {
@@ -466,7 +499,7 @@ impl LeaseStore for SqliteStore {
     /// full disk, fails it the way it would fail an acquisition.
     async fn ping(&self) -> Result<(), StoreError> {
         self.call(None, |conn| {
-            conn.prepare_cached("UPDATE fence_counter SET last_fence = last_fence WHERE id = 1")
+            conn.prepare_cached("UPDATE store_probe SET writes = writes + 1 WHERE id = 1")
                 .and_then(|mut s| s.execute([]))
                 .map(|_| ())
                 .map_err(classify)
