@@ -2,6 +2,7 @@
 //! everything behind the edge (routes, stores) only ever sees values that keep the rules of
 //! the contract.
 
+pub mod decide;
 mod fence;
 mod lease;
 mod owner;

@@ -20,9 +20,10 @@ use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Deadline, LeaseStore, StoreError};
+use crate::domain::decide::{self, AcquireVerdict, ReleaseVerdict, RenewVerdict};
 use crate::domain::{
-    AcquireOutcome, AcquireRequest, Acquisition, Fence, Lease, Owner, ReleaseOutcome,
-    ReleaseRequest, RenewOutcome, RenewRequest, ResourceName,
+    AcquireOutcome, AcquireRequest, Fence, Lease, Owner, ReleaseOutcome, ReleaseRequest,
+    RenewOutcome, RenewRequest, ResourceName,
 };
 
 mod embedded {
@@ -285,7 +286,7 @@ fn stored_fence(value: i64) -> Result<Fence, StoreError> {
 fn lease(
     resource: &ResourceName,
     owner: &Owner,
-    fence: i64,
+    fence: Fence,
     acquired_ms: i64,
     expires_ms: i64,
     now: i64,
@@ -293,7 +294,7 @@ fn lease(
     Ok(Lease {
         resource: resource.clone(),
         owner: owner.clone(),
-        fence: stored_fence(fence)?,
+        fence,
         acquired_at: timestamp(acquired_ms)?,
         expires_at: timestamp(expires_ms)?,
         observed_at: timestamp(now)?,
@@ -303,39 +304,57 @@ fn lease(
 /// The row of a resource as the operations below need it.
 struct Row {
     owner: String,
-    fence: i64,
+    fence: Fence,
     acquired_at: i64,
-    expires_at: i64,
+    expires_at: DateTime<Utc>,
+}
+
+impl Row {
+    fn current(&self) -> decide::Current<'_> {
+        decide::Current {
+            owner: &self.owner,
+            fence: self.fence,
+            expires_at: self.expires_at,
+        }
+    }
 }
 
 fn current(conn: &Connection, resource: &ResourceName) -> Result<Option<Row>, StoreError> {
-    conn.prepare_cached(
-        "SELECT owner, fence, acquired_at, expires_at FROM leases WHERE resource = ?1",
-    )
-    .and_then(|mut s| {
-        s.query_row([resource.as_str()], |r| {
-            Ok(Row {
-                owner: r.get(0)?,
-                fence: r.get(1)?,
-                acquired_at: r.get(2)?,
-                expires_at: r.get(3)?,
+    let raw = conn
+        .prepare_cached(
+            "SELECT owner, fence, acquired_at, expires_at FROM leases WHERE resource = ?1",
+        )
+        .and_then(|mut s| {
+            s.query_row([resource.as_str()], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
             })
+            .optional()
         })
-        .optional()
+        .map_err(classify)?;
+    raw.map(|(owner, fence, acquired_at, expires_at)| {
+        Ok(Row {
+            owner,
+            fence: stored_fence(fence)?,
+            acquired_at,
+            expires_at: timestamp(expires_at)?,
+        })
     })
-    .map_err(classify)
+    .transpose()
 }
 
 // The functions below run inside the batch transaction, which holds SQLite's write lock:
-// reading the row and then writing it is one atomic step.
+// reading the row, deciding (`domain::decide`) and writing it is one atomic step.
 
 fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
     let now = now_ms();
-    let how = match current(conn, &req.resource)? {
-        None => Acquisition::Fresh,
-        Some(row) if row.expires_at <= now => Acquisition::TakenOver,
-        Some(row) if row.owner == req.owner.as_str() => Acquisition::Reacquired,
-        Some(_) => return Ok(AcquireOutcome::Held),
+    let row = current(conn, &req.resource)?;
+    let how = match decide::acquire(
+        row.as_ref().map(Row::current).as_ref(),
+        &req.owner,
+        timestamp(now)?,
+    ) {
+        AcquireVerdict::Grant(how) => how,
+        AcquireVerdict::Held => return Ok(AcquireOutcome::Held),
     };
     let fence: i64 = conn
         .prepare_cached(
@@ -361,25 +380,25 @@ fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome, St
         ])
     })
     .map_err(classify)?;
-    let lease = lease(&req.resource, &req.owner, fence, now, expires, now)?;
+    let lease = lease(
+        &req.resource,
+        &req.owner,
+        stored_fence(fence)?,
+        now,
+        expires,
+        now,
+    )?;
     Ok(AcquireOutcome::Acquired { lease, how })
 }
 
 fn inspect(conn: &Connection, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
     let now = now_ms();
     match current(conn, resource)? {
-        Some(row) if row.expires_at > now => {
+        Some(row) if row.current().is_live(timestamp(now)?) => {
             let owner = Owner::parse(&row.owner)
                 .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored owner: {e}")))?;
-            lease(
-                resource,
-                &owner,
-                row.fence,
-                row.acquired_at,
-                row.expires_at,
-                now,
-            )
-            .map(Some)
+            let expires = row.expires_at.timestamp_millis();
+            lease(resource, &owner, row.fence, row.acquired_at, expires, now).map(Some)
         }
         _ => Ok(None),
     }
@@ -390,16 +409,12 @@ fn renew(conn: &Connection, req: &RenewRequest) -> Result<RenewOutcome, StoreErr
     let Some(row) = current(conn, &req.resource)? else {
         return Ok(RenewOutcome::NotFound);
     };
-    if row.expires_at <= now {
-        return Ok(RenewOutcome::Expired);
-    }
-    if row.owner != req.owner.as_str() {
-        return Ok(RenewOutcome::OwnerMismatch);
-    }
-    if req.fence.is_some_and(|f| f.get() != row.fence) {
-        return Ok(RenewOutcome::StaleFence {
-            current: stored_fence(row.fence)?,
-        });
+    match decide::renew(Some(&row.current()), &req.owner, req.fence, timestamp(now)?) {
+        RenewVerdict::Renew => {}
+        RenewVerdict::NotFound => return Ok(RenewOutcome::NotFound),
+        RenewVerdict::Expired => return Ok(RenewOutcome::Expired),
+        RenewVerdict::OwnerMismatch => return Ok(RenewOutcome::OwnerMismatch),
+        RenewVerdict::StaleFence { current } => return Ok(RenewOutcome::StaleFence { current }),
     }
     let expires = now + req.ttl.millis();
     conn.prepare_cached("UPDATE leases SET expires_at = ?2 WHERE resource = ?1")
@@ -418,21 +433,21 @@ fn renew(conn: &Connection, req: &RenewRequest) -> Result<RenewOutcome, StoreErr
 
 fn release(conn: &Connection, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
     let now = now_ms();
-    let row = match current(conn, &req.resource)? {
-        Some(row) if row.expires_at > now => row,
-        _ => return Ok(ReleaseOutcome::NotFound),
+    let Some(row) = current(conn, &req.resource)? else {
+        return Ok(ReleaseOutcome::NotFound);
     };
-    if row.owner != req.owner.as_str() {
-        return Ok(ReleaseOutcome::NotOwner);
-    }
-    let fence = stored_fence(row.fence)?;
-    if req.fence.is_some_and(|f| f != fence) {
-        return Ok(ReleaseOutcome::StaleFence { current: fence });
+    match decide::release(Some(&row.current()), &req.owner, req.fence, timestamp(now)?) {
+        ReleaseVerdict::Release => {}
+        ReleaseVerdict::NotFound => return Ok(ReleaseOutcome::NotFound),
+        ReleaseVerdict::NotOwner => return Ok(ReleaseOutcome::NotOwner),
+        ReleaseVerdict::StaleFence { current } => {
+            return Ok(ReleaseOutcome::StaleFence { current });
+        }
     }
     conn.prepare_cached("DELETE FROM leases WHERE resource = ?1")
         .and_then(|mut s| s.execute([req.resource.as_str()]))
         .map_err(classify)?;
-    Ok(ReleaseOutcome::Released { fence })
+    Ok(ReleaseOutcome::Released { fence: row.fence })
 }
 
 fn purge_step(conn: &Connection, grace: Duration) -> Result<u64, StoreError> {

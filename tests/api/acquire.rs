@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestApp, fence};
+use crate::helpers::{StoreKind, TTL, TestApp, assert_problem, fence};
 
 fn time(lock: &Value, field: &str) -> DateTime<Utc> {
     let text = lock[field]
@@ -95,12 +95,61 @@ async fn expired_lease_is_taken_over_with_a_greater_fence(kind: StoreKind) {
     assert_eq!(refused["acquired"], json!(false));
 }
 
-/// A lease expires exactly at `expires_at`: an expiry in the past by one millisecond frees it.
-async fn lease_is_expired_from_its_expiry_instant(kind: StoreKind) {
+/// A lease whose expiry has just passed is free for another owner. (The instant itself,
+/// `now == expires_at`, counts as expired: the rules' unit tests show it with a controlled
+/// clock, and `postgres_lease_is_expired_at_its_expiry_instant` in PostgreSQL's own SQL.)
+async fn lease_is_free_once_its_expiry_has_passed(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     app.acquire_ok("job:1", "a", TTL).await;
-    app.db.age("job:1", 0).await;
+    app.db.age("job:1", 1).await;
     app.acquire_ok("job:1", "b", TTL).await;
+}
+
+/// PostgreSQL decides expiry in SQL. Inside one transaction `now()` stands still, so a lease
+/// can be made to expire at exactly the acquiring statement's `now()`: it is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lease_is_expired_at_its_expiry_instant() {
+    let app = TestApp::spawn(StoreKind::Postgres).await;
+    app.acquire_ok("job:1", "a", TTL).await;
+    let (mut client, connection) = tokio_postgres::connect(&app.db.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let tx = client.transaction().await.unwrap();
+    tx.execute(
+        "UPDATE leases SET expires_at = now() WHERE resource = 'job:1'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let granted = tx
+        .query_opt(
+            "SELECT how FROM fencelock_acquire('job:1', 'b', 60, now() + interval '1 minute')",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        granted.map(|row| row.get::<_, String>(0)),
+        Some("taken_over".to_owned())
+    );
+    tx.execute(
+        "UPDATE leases SET expires_at = now() + interval '1 millisecond' WHERE resource = 'job:1'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let refused = tx
+        .query_opt(
+            "SELECT how FROM fencelock_acquire('job:1', 'c', 60, now() + interval '1 minute')",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(
+        refused.is_none(),
+        "a lease one millisecond from expiry was taken"
+    );
 }
 
 /// Fences increase across resources, not only within one.
@@ -125,14 +174,22 @@ async fn fences_increase_across_resources(kind: StoreKind) {
     }
 }
 
-/// Fences stay below 2^53 and are JSON integers.
+/// Fences stay below 2^53 and are exact JSON integers, up to the last one: with the counter
+/// just below the limit, the last two fences are issued exactly and the store then refuses
+/// to issue any more rather than reach 2^53.
 async fn fences_are_json_safe_integers(kind: StoreKind) {
+    const LAST: u64 = (1 << 53) - 1;
     let app = TestApp::spawn(kind).await;
-    let lock = app.acquire_ok("job:1", "a", TTL).await;
-    let f = lock["fence"]
-        .as_u64()
-        .expect("fence is a non-negative JSON integer");
-    assert!((1..(1u64 << 53)).contains(&f));
+    app.db.set_last_fence(LAST as i64 - 2).await;
+    for (resource, expected) in [("job:1", LAST - 1), ("job:2", LAST)] {
+        let lock = app.acquire_ok(resource, "a", TTL).await;
+        let f = lock["fence"]
+            .as_u64()
+            .expect("fence is a non-negative JSON integer");
+        assert_eq!(f, expected);
+    }
+    let exhausted = app.acquire("job:3", "a", TTL).await;
+    assert_problem(exhausted, 500, "internal").await;
 }
 
 /// Acquire never blocks: a refused acquire answers at once.
@@ -152,7 +209,7 @@ contract!(
     same_owner_reacquires_with_a_greater_fence,
     owner_is_trimmed,
     expired_lease_is_taken_over_with_a_greater_fence,
-    lease_is_expired_from_its_expiry_instant,
+    lease_is_free_once_its_expiry_has_passed,
     fences_increase_across_resources,
     fences_are_json_safe_integers,
     refused_acquire_answers_at_once,

@@ -128,6 +128,44 @@ impl TestDb {
         assert_eq!(updated, 1, "no lease row for {resource} to age");
     }
 
+    /// Runs SQL (the same text on both stores) on the store's database, as an operator would.
+    pub async fn execute(&self, sql: &str) {
+        match self {
+            Self::Postgres { .. } => pg_connect(&self.url())
+                .await
+                .batch_execute(sql)
+                .await
+                .expect("running SQL on the test database"),
+            Self::Sqlite { path, .. } => sqlite(path)
+                .execute_batch(sql)
+                .expect("running SQL on the test database"),
+        }
+    }
+
+    /// Sets the fence counter so that the next fence issued is `last + 1`.
+    pub async fn set_last_fence(&self, last: i64) {
+        match self {
+            Self::Postgres { .. } => {
+                pg_connect(&self.url())
+                    .await
+                    .batch_execute(&format!(
+                        "ALTER SEQUENCE lease_fence RESTART WITH {}",
+                        last + 1
+                    ))
+                    .await
+                    .expect("setting the fence sequence");
+            }
+            Self::Sqlite { path, .. } => {
+                sqlite(path)
+                    .execute(
+                        "UPDATE fence_counter SET last_fence = ?1 WHERE id = 1",
+                        [last],
+                    )
+                    .expect("setting the fence counter");
+            }
+        }
+    }
+
     /// Rows in the lease table for `resource`, live or expired.
     pub async fn rows(&self, resource: &str) -> i64 {
         match self {

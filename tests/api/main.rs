@@ -30,6 +30,8 @@ mod helpers;
 mod acquire;
 mod client;
 mod concurrency;
+mod decisions;
+mod errors;
 mod health;
 mod input;
 mod inspect;

@@ -1,0 +1,217 @@
+//! One table of lease decisions, run against the pure rules (`fencelock::domain::decide`) and
+//! against each store. SQLite decides with those rules; PostgreSQL decides in SQL, inside its
+//! statements. This table is what keeps the two spellings of the rules the same.
+
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use fencelock::domain::decide::{self, AcquireVerdict, Current, ReleaseVerdict, RenewVerdict};
+use fencelock::domain::{
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, Owner, ReleaseOutcome, ReleaseRequest,
+    RenewOutcome, RenewRequest, ResourceName, Ttl,
+};
+use fencelock::store::{Deadline, SharedStore};
+
+use crate::helpers::{StoreKind, TTL, TestApp};
+
+/// How the resource stands before the request.
+#[derive(Debug, Clone, Copy)]
+enum State {
+    /// No row: never taken (or released, or purged).
+    Absent,
+    /// A live lease of `a`.
+    LiveA,
+    /// A lease of `a` that expired a second ago.
+    ExpiredA,
+}
+
+/// The fence a request names.
+#[derive(Debug, Clone, Copy)]
+enum Given {
+    None,
+    /// The fence of `a`'s lease.
+    Same,
+    /// Some other fence.
+    Other,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Acquire,
+    Renew(Given),
+    Release(Given),
+}
+
+/// What happened, in the words of the rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Granted(Acquisition),
+    Held,
+    Renewed,
+    Released,
+    NotFound,
+    Expired,
+    OwnerMismatch,
+    NotOwner,
+    StaleFence,
+}
+
+use Given as G;
+use Op::{Acquire, Release, Renew};
+use State::{Absent, ExpiredA, LiveA};
+use Verdict as V;
+
+/// (state, op, requesting owner, expected)
+const CASES: &[(State, Op, &str, Verdict)] = &[
+    (Absent, Acquire, "a", V::Granted(Acquisition::Fresh)),
+    (LiveA, Acquire, "a", V::Granted(Acquisition::Reacquired)),
+    (LiveA, Acquire, "b", V::Held),
+    (ExpiredA, Acquire, "a", V::Granted(Acquisition::TakenOver)),
+    (ExpiredA, Acquire, "b", V::Granted(Acquisition::TakenOver)),
+    (Absent, Renew(G::None), "a", V::NotFound),
+    (Absent, Renew(G::Other), "a", V::NotFound),
+    (LiveA, Renew(G::None), "a", V::Renewed),
+    (LiveA, Renew(G::Same), "a", V::Renewed),
+    (LiveA, Renew(G::Other), "a", V::StaleFence),
+    (LiveA, Renew(G::None), "b", V::OwnerMismatch),
+    (LiveA, Renew(G::Other), "b", V::OwnerMismatch),
+    (ExpiredA, Renew(G::Same), "a", V::Expired),
+    (ExpiredA, Renew(G::None), "b", V::Expired),
+    (ExpiredA, Renew(G::Other), "a", V::Expired),
+    (Absent, Release(G::None), "a", V::NotFound),
+    (LiveA, Release(G::None), "a", V::Released),
+    (LiveA, Release(G::Same), "a", V::Released),
+    (LiveA, Release(G::Other), "a", V::StaleFence),
+    (LiveA, Release(G::None), "b", V::NotOwner),
+    (LiveA, Release(G::Same), "b", V::NotOwner),
+    (ExpiredA, Release(G::Same), "a", V::NotFound),
+    (ExpiredA, Release(G::None), "b", V::NotFound),
+];
+
+fn owner(name: &str) -> Owner {
+    Owner::parse(name).unwrap()
+}
+
+fn ttl() -> Ttl {
+    Ttl::new(TTL, Ttl::max(86_400).unwrap()).unwrap()
+}
+
+fn given(g: Given, fence_of_a: Fence) -> Option<Fence> {
+    match g {
+        Given::None => None,
+        Given::Same => Some(fence_of_a),
+        Given::Other => Some(Fence::new(fence_of_a.get() + 1_000).unwrap()),
+    }
+}
+
+/// The rules' own answer, with `a`'s lease (if any) holding fence 7.
+fn by_the_rules(state: State, op: Op, who: &str) -> Verdict {
+    let now = Utc::now();
+    let fence_of_a = Fence::new(7).unwrap();
+    let expires_at = match state {
+        ExpiredA => now - TimeDelta::seconds(1),
+        _ => now + TimeDelta::seconds(TTL),
+    };
+    let row = Current {
+        owner: "a",
+        fence: fence_of_a,
+        expires_at,
+    };
+    let current = (!matches!(state, Absent)).then_some(&row);
+    let who = owner(who);
+    match op {
+        Acquire => match decide::acquire(current, &who, now) {
+            AcquireVerdict::Grant(how) => V::Granted(how),
+            AcquireVerdict::Held => V::Held,
+        },
+        Renew(g) => match decide::renew(current, &who, given(g, fence_of_a), now) {
+            RenewVerdict::Renew => V::Renewed,
+            RenewVerdict::NotFound => V::NotFound,
+            RenewVerdict::Expired => V::Expired,
+            RenewVerdict::OwnerMismatch => V::OwnerMismatch,
+            RenewVerdict::StaleFence { .. } => V::StaleFence,
+        },
+        Release(g) => match decide::release(current, &who, given(g, fence_of_a), now) {
+            ReleaseVerdict::Release => V::Released,
+            ReleaseVerdict::NotFound => V::NotFound,
+            ReleaseVerdict::NotOwner => V::NotOwner,
+            ReleaseVerdict::StaleFence { .. } => V::StaleFence,
+        },
+    }
+}
+
+fn deadline() -> Deadline {
+    Deadline::after(Duration::from_secs(10))
+}
+
+/// The store's answer, after putting `resource` into `state`.
+async fn by_the_store(app: &TestApp, resource: &str, state: State, op: Op, who: &str) -> Verdict {
+    let store: &SharedStore = &app.store;
+    let resource = ResourceName::parse(resource).unwrap();
+    let acquire = |name: &str| AcquireRequest {
+        resource: resource.clone(),
+        owner: owner(name),
+        ttl: ttl(),
+    };
+    let mut fence_of_a = Fence::new(1).unwrap();
+    if !matches!(state, Absent) {
+        match store.acquire(&acquire("a"), deadline()).await.unwrap() {
+            AcquireOutcome::Acquired { lease, .. } => fence_of_a = lease.fence,
+            AcquireOutcome::Held => panic!("setting up {resource}: held"),
+        }
+    }
+    if matches!(state, ExpiredA) {
+        app.db.age(resource.as_str(), 1_000).await;
+    }
+    match op {
+        Acquire => match store.acquire(&acquire(who), deadline()).await.unwrap() {
+            AcquireOutcome::Acquired { how, .. } => V::Granted(how),
+            AcquireOutcome::Held => V::Held,
+        },
+        Renew(g) => {
+            let request = RenewRequest {
+                resource: resource.clone(),
+                owner: owner(who),
+                ttl: ttl(),
+                fence: given(g, fence_of_a),
+            };
+            match store.renew(&request, deadline()).await.unwrap() {
+                RenewOutcome::Renewed(_) => V::Renewed,
+                RenewOutcome::NotFound => V::NotFound,
+                RenewOutcome::Expired => V::Expired,
+                RenewOutcome::OwnerMismatch => V::OwnerMismatch,
+                RenewOutcome::StaleFence { .. } => V::StaleFence,
+            }
+        }
+        Release(g) => {
+            let request = ReleaseRequest {
+                resource: resource.clone(),
+                owner: owner(who),
+                fence: given(g, fence_of_a),
+            };
+            match store.release(&request, deadline()).await.unwrap() {
+                ReleaseOutcome::Released { .. } => V::Released,
+                ReleaseOutcome::NotFound => V::NotFound,
+                ReleaseOutcome::NotOwner => V::NotOwner,
+                ReleaseOutcome::StaleFence { .. } => V::StaleFence,
+            }
+        }
+    }
+}
+
+/// Every case of the table, decided by the rules and by the store, gives the expected verdict.
+async fn the_store_decides_as_the_rules_do(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    for (i, &(state, op, who, expected)) in CASES.iter().enumerate() {
+        let case = format!("{state:?} {op:?} by {who}");
+        assert_eq!(by_the_rules(state, op, who), expected, "rules: {case}");
+        let resource = format!("case-{i}");
+        assert_eq!(
+            by_the_store(&app, &resource, state, op, who).await,
+            expected,
+            "store: {case}"
+        );
+    }
+}
+
+contract!(the_store_decides_as_the_rules_do);

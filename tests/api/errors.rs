@@ -1,0 +1,55 @@
+//! Errors the HTTP layer promises beyond the input rules: `HEAD` is not served, and a server
+//! fault is a `500 internal` whose body gives nothing of the server away.
+
+use reqwest::Method;
+
+use crate::helpers::{StoreKind, TTL, TestApp, assert_problem};
+
+/// `HEAD` is not served on any route: `405` with the route's `Allow` list.
+async fn head_is_not_allowed(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.acquire_ok("job:1", "a", TTL).await;
+    for (path, allow) in [
+        ("/locks/job:1", "GET, POST, DELETE"),
+        ("/locks/job:1/renew", "POST"),
+        ("/healthz", "GET"),
+    ] {
+        let response = app
+            .client
+            .request(Method::HEAD, app.url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 405, "HEAD {path}");
+        assert_eq!(response.headers()["allow"], allow, "HEAD {path}");
+    }
+}
+
+/// A broken schema (a column renamed behind the server's back) makes acquire fail inside the
+/// store: the client gets `500 internal` with a fixed text, and nothing of the cause (no SQL,
+/// no table or column name, no driver message).
+async fn internal_error_shows_no_internals(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.acquire_ok("job:1", "a", TTL).await;
+    app.db
+        .execute("ALTER TABLE leases RENAME COLUMN owner TO sabotaged_owner_column")
+        .await;
+
+    let response = app.acquire("job:2", "b", TTL).await;
+    let body = assert_problem(response, 500, "internal").await;
+    assert_eq!(body["detail"], "internal error");
+    let text = body.to_string().to_lowercase();
+    for secret in [
+        "sabotaged",
+        "column",
+        "leases",
+        "select",
+        "sqlite",
+        "postgres",
+        "error:",
+    ] {
+        assert!(!text.contains(secret), "{secret:?} leaked in {body}");
+    }
+}
+
+contract!(head_is_not_allowed, internal_error_shows_no_internals);
