@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use fencelock::client::{Client, Error, Lease, LossReason, RetryPolicy};
 use fencelock::config::{Settings, StoreConfig};
+use fencelock_testkit::closed_port;
 
 use crate::helpers::{StoreKind, TestApp, TestDb};
 
@@ -32,12 +33,6 @@ fn client(app: &TestApp) -> Client {
 
 async fn sqlite_app() -> TestApp {
     TestApp::spawn(StoreKind::Sqlite).await
-}
-
-/// A port nothing listens on.
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a free port");
-    listener.local_addr().expect("local address").port()
 }
 
 /// Waits for `lease` to be reported lost, failing the test after [`PATIENCE`].

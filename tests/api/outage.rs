@@ -3,15 +3,10 @@
 use std::time::{Duration, Instant};
 
 use fencelock::config::{Settings, StoreConfig};
+use fencelock_testkit::closed_port;
 use serde_json::{Value, json};
 
 use crate::helpers::{RowLock, StoreKind, TTL, TestApp, TestDb, admin_url, assert_problem, fence};
-
-/// A port nothing listens on.
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
 
 async fn admin() -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(&admin_url(), tokio_postgres::NoTls)

@@ -175,11 +175,7 @@ async fn default_store_is_a_sqlite_file_in_the_working_directory() {
 #[tokio::test]
 async fn database_password_is_never_logged() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = fencelock_testkit::closed_port();
     let url = format!("postgres://fencelock:hunter2-secret@127.0.0.1:{port}/locks");
     let server = ServerProcess::start(Some(&url), dir.path());
     let ready = client().get(server.url("/readyz")).send().await.unwrap();
