@@ -4,8 +4,13 @@
 //!   when applied, `409 stale-fence` with `current_fence` when a greater fence wrote first.
 //! - `GET /docs/{key}`: `200 {"key", "value", "fence", "updated_at"}` or `404`.
 //! - `GET /docs/{key}/writes`: `200 {"writes": [{"fence", "outcome", "at"}, ...]}`, oldest first.
+//!
+//! Every store call is bounded by the store timeout: past it, or when the database cannot be
+//! reached, the answer is `503 store-unavailable` with `Retry-After`, as from the lease
+//! server; a bug is a `500`.
 
 use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
 
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
@@ -17,6 +22,7 @@ use fencelock::guard::{self, FencingToken};
 use fencelock::input::read_json;
 use fencelock::problem::ApiError;
 use fencelock::routes;
+use fencelock::store::StoreError;
 use serde_json::json;
 
 use crate::docs::{Put, SharedDocs};
@@ -27,11 +33,43 @@ pub struct DemoServer {
     server: Server,
 }
 
+/// What every handler shares.
+struct Docs {
+    store: SharedDocs,
+    /// Longest a request waits on the store; past it the answer is `503`, never a hang.
+    timeout: Duration,
+}
+
+impl Docs {
+    /// Awaits a store operation within the store timeout.
+    async fn ask<T>(
+        &self,
+        operation: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, ApiError> {
+        match tokio::time::timeout(self.timeout, operation).await {
+            Ok(result) => result.map_err(ApiError::from),
+            Err(_) => Err(ApiError::StoreUnavailable(anyhow::anyhow!(
+                "the store did not answer within {:?}",
+                self.timeout
+            ))),
+        }
+    }
+}
+
 impl DemoServer {
-    pub fn build(bind: SocketAddr, docs: SharedDocs) -> anyhow::Result<Self> {
+    /// Binds `bind` and builds the app; `store_timeout` bounds every store call of every
+    /// request (see [`crate::docs::StoreSettings`]).
+    pub fn build(
+        bind: SocketAddr,
+        docs: SharedDocs,
+        store_timeout: Duration,
+    ) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(bind).with_context(|| format!("binding {bind}"))?;
         let port = listener.local_addr()?.port();
-        let docs = web::Data::new(docs);
+        let docs = web::Data::new(Docs {
+            store: docs,
+            timeout: store_timeout,
+        });
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(docs.clone())
@@ -72,20 +110,16 @@ fn key(raw: &str) -> Result<ResourceName, ApiError> {
     ResourceName::parse(raw).map_err(|e| ApiError::validation("key", e))
 }
 
-fn unavailable(e: anyhow::Error) -> ApiError {
-    ApiError::StoreUnavailable(e)
-}
-
 async fn put_doc(
     req: HttpRequest,
     path: web::Path<String>,
     FencingToken(fence): FencingToken,
     payload: web::Payload,
-    docs: web::Data<SharedDocs>,
+    docs: web::Data<Docs>,
 ) -> Result<HttpResponse, ApiError> {
     let key = key(&path)?;
     let value = read_json(&req, payload).await?;
-    match docs.put(&key, &value, fence).await.map_err(unavailable)? {
+    match docs.ask(docs.store.put(&key, &value, fence)).await? {
         Put::Applied(doc) => {
             tracing::info!(doc.key = %key, write.fence = fence.get(), "write applied");
             Ok(HttpResponse::Ok().json(json!({
@@ -106,12 +140,9 @@ async fn put_doc(
     }
 }
 
-async fn get_doc(
-    path: web::Path<String>,
-    docs: web::Data<SharedDocs>,
-) -> Result<HttpResponse, ApiError> {
+async fn get_doc(path: web::Path<String>, docs: web::Data<Docs>) -> Result<HttpResponse, ApiError> {
     let key = key(&path)?;
-    let doc = docs.get(&key).await.map_err(unavailable)?;
+    let doc = docs.ask(docs.store.get(&key)).await?;
     let doc = doc.ok_or_else(|| ApiError::NotFound(format!("no document {key}")))?;
     Ok(HttpResponse::Ok().json(json!({
         "key": doc.key,
@@ -123,10 +154,10 @@ async fn get_doc(
 
 async fn list_writes(
     path: web::Path<String>,
-    docs: web::Data<SharedDocs>,
+    docs: web::Data<Docs>,
 ) -> Result<HttpResponse, ApiError> {
     let key = key(&path)?;
-    let writes = docs.writes(&key).await.map_err(unavailable)?;
+    let writes = docs.ask(docs.store.writes(&key)).await?;
     let writes: Vec<_> = writes
         .iter()
         .map(|w| {

@@ -17,7 +17,7 @@ use fencelock::startup::Application;
 use serde_json::{Value, json};
 
 use crate::app::DemoServer;
-use crate::docs::{self, Guarding};
+use crate::docs::{self, Guarding, StoreSettings};
 
 pub struct StoryOptions {
     pub guarding: Guarding,
@@ -64,9 +64,11 @@ pub async fn run(options: StoryOptions) -> anyhow::Result<Verdict> {
         Some(url) => url.trim_end_matches('/').to_owned(),
         None => {
             let db = format!("sqlite://{}", scratch.path().join("docs.db").display());
+            let settings = StoreSettings::default();
             let server = DemoServer::build(
                 "127.0.0.1:0".parse()?,
-                docs::open(Some(&db), options.guarding).await?,
+                docs::open(Some(&db), options.guarding, settings).await?,
+                settings.store_timeout,
             )?;
             let url = format!("http://127.0.0.1:{}", server.port());
             stops.push(server.handle());

@@ -393,8 +393,11 @@ fn fence(row: &Row, index: usize) -> Result<Fence, StoreError> {
 }
 
 /// The one place PostgreSQL failures are sorted, by SQLSTATE and connection state, never by
-/// message text.
-fn classify(e: tokio_postgres::Error) -> StoreError {
+/// message text: connection loss, timeouts and a busy or restarting server are
+/// `Unavailable` (`503`); anything else (a bad statement, a broken schema) is `Internal`
+/// (`500`). Public so that services beside the lease store (the demo store) sort their own
+/// failures the same way.
+pub fn classify(e: tokio_postgres::Error) -> StoreError {
     let transient = e.is_closed()
         || e.as_db_error().is_none()
         || e.code().is_some_and(|code| {
@@ -420,8 +423,8 @@ fn classify(e: tokio_postgres::Error) -> StoreError {
 
 /// Every failure to get a connection means the database cannot be reached right now: refused,
 /// timed out, or refusing new sessions (shutting down, `ALLOW_CONNECTIONS false`, too many
-/// clients). None of them is a reason for a `500`.
-fn classify_pool(e: PoolError) -> StoreError {
+/// clients). None of them is a reason for a `500`. Public for the same reason as [`classify`].
+pub fn classify_pool(e: PoolError) -> StoreError {
     StoreError::Unavailable(e.into())
 }
 
