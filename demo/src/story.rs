@@ -329,14 +329,27 @@ impl Store {
         Ok(response.json().await?)
     }
 
+    /// The key's whole write log, page after page (a story writes only a handful).
     async fn writes(&self, key: &str) -> anyhow::Result<Vec<Value>> {
-        let body: Value = self
-            .http
-            .get(format!("{}/docs/{key}/writes", self.base))
-            .send()
-            .await?
-            .json()
-            .await?;
-        Ok(body["writes"].as_array().cloned().unwrap_or_default())
+        let mut writes = Vec::new();
+        let mut after = None;
+        loop {
+            let mut request = self
+                .http
+                .get(format!("{}/docs/{key}/writes", self.base))
+                .query(&[("limit", "1000")]);
+            if let Some(after) = &after {
+                request = request.query(&[("after", after)]);
+            }
+            let body: Value = request.send().await?.json().await?;
+            let page = body["writes"].as_array().cloned().unwrap_or_default();
+            let more = !page.is_empty();
+            writes.extend(page);
+            // A store without pages sends no "next": its one answer is the whole log.
+            match &body["next"] {
+                Value::Number(next) if more => after = Some(next.to_string()),
+                _ => return Ok(writes),
+            }
+        }
     }
 }

@@ -442,7 +442,147 @@ async fn a_broken_schema_is_a_500_not_a_503(kind: Kind) {
     assert_eq!(store.doc("doc:1").await["value"], json!(1));
 }
 
+/// Reads `/docs/{key}/writes` with `query`, expecting `200`.
+async fn writes_page(store: &TestStore, key: &str, query: &str) -> Value {
+    let response = store.get(&format!("/docs/{key}/writes{query}")).await;
+    assert_eq!(response.status(), 200, "{query}");
+    response.json().await.unwrap()
+}
+
+/// The whole log of `key`, page by page of `limit`, checking each page's size and `next`.
+async fn all_pages(store: &TestStore, key: &str, limit: usize) -> (Vec<Value>, usize) {
+    let (mut writes, mut pages, mut after) = (Vec::new(), 0, None::<i64>);
+    loop {
+        let query = match after {
+            Some(after) => format!("?limit={limit}&after={after}"),
+            None => format!("?limit={limit}"),
+        };
+        let page = writes_page(store, key, &query).await;
+        pages += 1;
+        let entries = page["writes"].as_array().unwrap().clone();
+        assert!(entries.len() <= limit, "{query}: {} entries", entries.len());
+        match page["next"].as_i64() {
+            Some(next) => {
+                assert_eq!(entries.len(), limit, "only a full page has a next");
+                assert_eq!(json!(next), entries.last().unwrap()["id"]);
+                after = Some(next);
+            }
+            None => {
+                assert_eq!(page["next"], Value::Null);
+                writes.extend(entries);
+                return (writes, pages);
+            }
+        }
+        writes.extend(entries);
+        assert!(pages < 1000, "paging does not end");
+    }
+}
+
+/// `GET /docs/{key}/writes` pages through the log: every write exactly once, oldest first,
+/// whatever the page size; `next` is `null` on the last page, which is never an empty page
+/// after a full one; other keys' writes never appear.
+async fn the_write_log_is_paged(kind: Kind) {
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    for fence in 1..=250 {
+        // Every tenth write is late, so rejected entries are paged too.
+        let sent = if fence % 10 == 0 { fence - 5 } else { fence };
+        let status = store
+            .put("doc:log", Some(&sent.to_string()), &json!(fence))
+            .await
+            .status();
+        assert!([200, 409].contains(&status.as_u16()), "{status}");
+        if fence % 50 == 0 {
+            assert_eq!(
+                store.put("doc:other", Some("1"), &json!(0)).await.status(),
+                200
+            );
+        }
+    }
+    let expected: Vec<i64> = (1..=250)
+        .map(|f| if f % 10 == 0 { f - 5 } else { f })
+        .collect();
+
+    for (limit, pages) in [(100, 3), (125, 2), (7, 36), (1000, 1)] {
+        let (writes, seen) = all_pages(&store, "doc:log", limit).await;
+        let fences: Vec<i64> = writes
+            .iter()
+            .map(|w| w["fence"].as_i64().unwrap())
+            .collect();
+        assert_eq!(fences, expected, "limit={limit}");
+        let ids: Vec<i64> = writes.iter().map(|w| w["id"].as_i64().unwrap()).collect();
+        assert!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            "limit={limit}: {ids:?}"
+        );
+        assert_eq!(seen, pages, "limit={limit}");
+        let rejected = writes.iter().filter(|w| w["outcome"] == "rejected").count();
+        assert_eq!(rejected, 25, "limit={limit}");
+        assert!(writes.iter().all(|w| w["at"].is_string()));
+    }
+
+    // No parameters: the first 100, and where to go on.
+    let first = writes_page(&store, "doc:log", "").await;
+    assert_eq!(first["writes"].as_array().unwrap().len(), 100);
+    assert_eq!(first["next"], first["writes"][99]["id"]);
+    // After the last entry: an empty last page. An unknown key: the same.
+    let last_id = all_pages(&store, "doc:log", 1000).await.0[249]["id"].clone();
+    let beyond = writes_page(&store, "doc:log", &format!("?after={last_id}")).await;
+    assert_eq!(beyond, json!({ "writes": [], "next": null }));
+    let none = writes_page(&store, "doc:none", "").await;
+    assert_eq!(none, json!({ "writes": [], "next": null }));
+    assert_eq!(store.writes("doc:other").await.len(), 5);
+}
+
+/// A bad `limit` or `after`, a repeated or unknown parameter: `422 validation-failed`
+/// naming the parameter, before the store is asked.
+async fn bad_page_parameters_are_422(kind: Kind) {
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    assert_eq!(store.put("doc:1", Some("1"), &json!(1)).await.status(), 200);
+    let cases = [
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("limit=-1", "limit"),
+        ("limit=1.5", "limit"),
+        ("limit=abc", "limit"),
+        ("limit=", "limit"),
+        ("limit=1e2", "limit"),
+        ("limit=99999999999999999999999999", "limit"),
+        ("limit=5&limit=6", "limit"),
+        ("after=-1", "after"),
+        ("after=abc", "after"),
+        ("after=1.5", "after"),
+        ("after=", "after"),
+        ("after=99999999999999999999999999", "after"),
+        ("limt=5", "limt"),
+    ];
+    for (query, field) in cases {
+        let body = problem(
+            store.get(&format!("/docs/doc:1/writes?{query}")).await,
+            422,
+            "validation-failed",
+        )
+        .await;
+        assert_eq!(body["errors"][0]["field"], json!(field), "{query}: {body}");
+        assert!(body["errors"][0]["message"].is_string());
+    }
+    let both = problem(
+        store.get("/docs/bad%20key/writes?limit=0").await,
+        422,
+        "validation-failed",
+    )
+    .await;
+    let named: Vec<&str> = both["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(named, ["key", "limit"]);
+}
+
 both_stores!(
+    the_write_log_is_paged,
+    bad_page_parameters_are_422,
     guard_orders_writes_by_fence,
     keys_are_guarded_separately,
     fencing_token_is_required_and_checked,

@@ -86,9 +86,63 @@ impl Outcome {
 /// One write attempt, as the log keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteRecord {
+    /// The entry's place in the log: increasing with every attempt, on every key. Pages of a
+    /// key's log are read after an id ([`Page::after`]).
+    pub id: i64,
     pub fence: i64,
     pub outcome: Outcome,
     pub at: DateTime<Utc>,
+}
+
+/// How many write-log entries a page holds when the caller does not say.
+pub const DEFAULT_PAGE_LIMIT: u32 = 100;
+/// The most write-log entries one page may hold.
+pub const MAX_PAGE_LIMIT: u32 = 1000;
+
+/// Which part of a key's write log to read: the entries with an id greater than `after`
+/// (`0`: from the start), oldest first, at most `limit` (1..=[`MAX_PAGE_LIMIT`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page {
+    pub after: i64,
+    pub limit: u32,
+}
+
+impl Default for Page {
+    /// The first page, of the default size.
+    fn default() -> Self {
+        Self {
+            after: 0,
+            limit: DEFAULT_PAGE_LIMIT,
+        }
+    }
+}
+
+/// One page of a key's write log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WritesPage {
+    pub writes: Vec<WriteRecord>,
+    /// The `after` of the next page; `None` on the last page.
+    pub next: Option<i64>,
+}
+
+impl WritesPage {
+    /// The store reads one entry more than the page holds: it only tells whether another
+    /// page follows, so the last page is known as such without reading an empty one.
+    fn rows_to_read(page: Page) -> i64 {
+        i64::from(page.limit) + 1
+    }
+
+    /// From the entries read with [`Self::rows_to_read`], in id order.
+    fn from_rows(mut writes: Vec<WriteRecord>, page: Page) -> Self {
+        let limit = usize::try_from(page.limit).unwrap_or(usize::MAX);
+        let next = if writes.len() > limit {
+            writes.truncate(limit);
+            writes.last().map(|w| w.id)
+        } else {
+            None
+        };
+        Self { writes, next }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -109,8 +163,9 @@ pub trait DocStore: Send + Sync + 'static {
     async fn put(&self, key: &ResourceName, value: &Value, fence: Fence)
     -> Result<Put, StoreError>;
     async fn get(&self, key: &ResourceName) -> Result<Option<Doc>, StoreError>;
-    /// Every write attempt on `key`, oldest first.
-    async fn writes(&self, key: &ResourceName) -> Result<Vec<WriteRecord>, StoreError>;
+    /// One page of the write attempts on `key`, oldest first; index-backed by
+    /// `(key, id)`, so a page costs the same however long the log is.
+    async fn writes(&self, key: &ResourceName, page: Page) -> Result<WritesPage, StoreError>;
 }
 
 /// A stored value the store cannot read back: a bug or a damaged row, never an outage.
@@ -147,4 +202,32 @@ pub async fn open(
             Arc::new(docs)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(ids: std::ops::RangeInclusive<i64>) -> Vec<WriteRecord> {
+        ids.map(|id| WriteRecord {
+            id,
+            fence: id,
+            outcome: Outcome::Applied,
+            at: DateTime::UNIX_EPOCH,
+        })
+        .collect()
+    }
+
+    #[test]
+    fn a_page_says_where_the_next_begins_and_the_last_says_none() {
+        let page = Page { after: 0, limit: 3 };
+        assert_eq!(WritesPage::rows_to_read(page), 4);
+        let full = WritesPage::from_rows(rows(1..=4), page);
+        assert_eq!(full.writes, rows(1..=3));
+        assert_eq!(full.next, Some(3));
+        let last = WritesPage::from_rows(rows(4..=6), page);
+        assert_eq!((last.writes.len(), last.next), (3, None));
+        let empty = WritesPage::from_rows(Vec::new(), page);
+        assert_eq!((empty.writes.len(), empty.next), (0, None));
+    }
 }

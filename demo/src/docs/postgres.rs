@@ -8,7 +8,9 @@ use fencelock::store::postgres::{PgConfig, classify, classify_pool};
 use serde_json::Value;
 use tokio::sync::OnceCell;
 
-use super::{Doc, DocStore, Guarding, Outcome, Put, StoreSettings, WriteRecord, corrupt};
+use super::{
+    Doc, DocStore, Guarding, Outcome, Page, Put, StoreSettings, WriteRecord, WritesPage, corrupt,
+};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS docs (
@@ -158,23 +160,27 @@ impl DocStore for PgDocs {
         .transpose()
     }
 
-    async fn writes(&self, key: &ResourceName) -> Result<Vec<WriteRecord>, StoreError> {
+    async fn writes(&self, key: &ResourceName, page: Page) -> Result<WritesPage, StoreError> {
         let client = self.client().await?;
         let rows = client
             .query(
-                "SELECT fence, outcome, at FROM doc_writes WHERE key = $1 ORDER BY id",
-                &[&key.as_str()],
+                "SELECT id, fence, outcome, at FROM doc_writes
+                 WHERE key = $1 AND id > $2 ORDER BY id LIMIT $3",
+                &[&key.as_str(), &page.after, &WritesPage::rows_to_read(page)],
             )
             .await
             .map_err(classify)?;
-        rows.iter()
+        let writes = rows
+            .iter()
             .map(|row| {
                 Ok(WriteRecord {
-                    fence: row.get(0),
-                    outcome: Outcome::parse(row.get(1))?,
-                    at: row.get(2),
+                    id: row.get(0),
+                    fence: row.get(1),
+                    outcome: Outcome::parse(row.get(2))?,
+                    at: row.get(3),
                 })
             })
-            .collect()
+            .collect::<Result<_, StoreError>>()?;
+        Ok(WritesPage::from_rows(writes, page))
     }
 }

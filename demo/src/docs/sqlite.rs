@@ -10,7 +10,7 @@ use fencelock::store::StoreError;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
 
-use super::{Doc, DocStore, Guarding, Outcome, Put, WriteRecord};
+use super::{Doc, DocStore, Guarding, Outcome, Page, Put, WriteRecord, WritesPage};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS docs (
@@ -148,28 +148,37 @@ impl DocStore for SqliteDocs {
         .await
     }
 
-    async fn writes(&self, key: &ResourceName) -> Result<Vec<WriteRecord>, StoreError> {
+    async fn writes(&self, key: &ResourceName, page: Page) -> Result<WritesPage, StoreError> {
         let key = key.to_string();
-        self.with(move |conn| {
-            let mut statement = conn
-                .prepare("SELECT fence, outcome, at FROM doc_writes WHERE key = ?1 ORDER BY id")?;
-            let rows = statement.query_map([&key], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, i64>(2)?,
-                ))
-            })?;
-            rows.map(|row| {
-                let (fence, outcome, at) = row?;
-                Ok(WriteRecord {
-                    fence,
-                    outcome: Outcome::parse(&outcome)?,
-                    at: time(at)?,
+        let writes = self
+            .with(move |conn| {
+                let mut statement = conn.prepare_cached(
+                    "SELECT id, fence, outcome, at FROM doc_writes
+                     WHERE key = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+                )?;
+                let rows = statement.query_map(
+                    params![key, page.after, WritesPage::rows_to_read(page)],
+                    |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, String>(2)?,
+                            r.get::<_, i64>(3)?,
+                        ))
+                    },
+                )?;
+                rows.map(|row| {
+                    let (id, fence, outcome, at) = row?;
+                    Ok(WriteRecord {
+                        id,
+                        fence,
+                        outcome: Outcome::parse(&outcome)?,
+                        at: time(at)?,
+                    })
                 })
+                .collect()
             })
-            .collect()
-        })
-        .await
+            .await?;
+        Ok(WritesPage::from_rows(writes, page))
     }
 }
