@@ -3,9 +3,19 @@
 //! - `PUT /docs/{key}` with `Fencing-Token` and any JSON body: `200 {"key", "value", "fence"}`
 //!   when applied, `409 stale-fence` with `current_fence` when a greater fence wrote first.
 //! - `GET /docs/{key}`: `200 {"key", "value", "fence", "updated_at"}` or `404`.
-//! - `GET /docs/{key}/writes`: `200 {"writes": [{"fence", "outcome", "at"}, ...]}`, oldest first.
+//! - `GET /docs/{key}/writes?limit=N&after=ID`: one page of the key's write log, oldest
+//!   first: `200 {"writes": [{"id", "fence", "outcome", "at"}, ...], "next": ID | null}`.
+//!   Every attempt is there, `outcome` `"applied"` or `"rejected"`. `limit` is 1-1000
+//!   (default 100); `after` is the `next` of the previous page (absent or `0`: from the
+//!   start); `next` is `null` on the last page. A bad `limit` or `after`, or any other
+//!   parameter, is `422 validation-failed` naming it.
+//!
+//! Every store call is bounded by the store timeout: past it, or when the database cannot be
+//! reached, the answer is `503 store-unavailable` with `Retry-After`, as from the lease
+//! server; a bug is a `500`.
 
 use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
 
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
@@ -15,11 +25,12 @@ use chrono::SecondsFormat;
 use fencelock::domain::ResourceName;
 use fencelock::guard::{self, FencingToken};
 use fencelock::input::read_json;
-use fencelock::problem::ApiError;
+use fencelock::problem::{ApiError, FieldError};
 use fencelock::routes;
+use fencelock::store::StoreError;
 use serde_json::json;
 
-use crate::docs::{Put, SharedDocs};
+use crate::docs::{MAX_PAGE_LIMIT, Page, Put, SharedDocs};
 
 /// A bound demo store that has not started serving yet.
 pub struct DemoServer {
@@ -27,11 +38,43 @@ pub struct DemoServer {
     server: Server,
 }
 
+/// What every handler shares.
+struct Docs {
+    store: SharedDocs,
+    /// Longest a request waits on the store; past it the answer is `503`, never a hang.
+    timeout: Duration,
+}
+
+impl Docs {
+    /// Awaits a store operation within the store timeout.
+    async fn ask<T>(
+        &self,
+        operation: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, ApiError> {
+        match tokio::time::timeout(self.timeout, operation).await {
+            Ok(result) => result.map_err(ApiError::from),
+            Err(_) => Err(ApiError::StoreUnavailable(anyhow::anyhow!(
+                "the store did not answer within {:?}",
+                self.timeout
+            ))),
+        }
+    }
+}
+
 impl DemoServer {
-    pub fn build(bind: SocketAddr, docs: SharedDocs) -> anyhow::Result<Self> {
+    /// Binds `bind` and builds the app; `store_timeout` bounds every store call of every
+    /// request (see [`crate::docs::StoreSettings`]).
+    pub fn build(
+        bind: SocketAddr,
+        docs: SharedDocs,
+        store_timeout: Duration,
+    ) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(bind).with_context(|| format!("binding {bind}"))?;
         let port = listener.local_addr()?.port();
-        let docs = web::Data::new(docs);
+        let docs = web::Data::new(Docs {
+            store: docs,
+            timeout: store_timeout,
+        });
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(docs.clone())
@@ -72,20 +115,16 @@ fn key(raw: &str) -> Result<ResourceName, ApiError> {
     ResourceName::parse(raw).map_err(|e| ApiError::validation("key", e))
 }
 
-fn unavailable(e: anyhow::Error) -> ApiError {
-    ApiError::StoreUnavailable(e)
-}
-
 async fn put_doc(
     req: HttpRequest,
     path: web::Path<String>,
     FencingToken(fence): FencingToken,
     payload: web::Payload,
-    docs: web::Data<SharedDocs>,
+    docs: web::Data<Docs>,
 ) -> Result<HttpResponse, ApiError> {
     let key = key(&path)?;
     let value = read_json(&req, payload).await?;
-    match docs.put(&key, &value, fence).await.map_err(unavailable)? {
+    match docs.ask(docs.store.put(&key, &value, fence)).await? {
         Put::Applied(doc) => {
             tracing::info!(doc.key = %key, write.fence = fence.get(), "write applied");
             Ok(HttpResponse::Ok().json(json!({
@@ -106,12 +145,9 @@ async fn put_doc(
     }
 }
 
-async fn get_doc(
-    path: web::Path<String>,
-    docs: web::Data<SharedDocs>,
-) -> Result<HttpResponse, ApiError> {
+async fn get_doc(path: web::Path<String>, docs: web::Data<Docs>) -> Result<HttpResponse, ApiError> {
     let key = key(&path)?;
-    let doc = docs.get(&key).await.map_err(unavailable)?;
+    let doc = docs.ask(docs.store.get(&key)).await?;
     let doc = doc.ok_or_else(|| ApiError::NotFound(format!("no document {key}")))?;
     Ok(HttpResponse::Ok().json(json!({
         "key": doc.key,
@@ -122,20 +158,153 @@ async fn get_doc(
 }
 
 async fn list_writes(
+    req: HttpRequest,
     path: web::Path<String>,
-    docs: web::Data<SharedDocs>,
+    docs: web::Data<Docs>,
 ) -> Result<HttpResponse, ApiError> {
-    let key = key(&path)?;
-    let writes = docs.writes(&key).await.map_err(unavailable)?;
-    let writes: Vec<_> = writes
+    // Every input error is reported at once, before the store is asked.
+    let (key, page) = match (key(&path), page(req.query_string())) {
+        (Ok(key), Ok(page)) => (key, page),
+        (key, page) => {
+            let mut errors = Vec::new();
+            if let Err(ApiError::Validation(key_errors)) = key {
+                errors.extend(key_errors);
+            }
+            if let Err(page_errors) = page {
+                errors.extend(page_errors);
+            }
+            return Err(ApiError::Validation(errors));
+        }
+    };
+    let page = docs.ask(docs.store.writes(&key, page)).await?;
+    let writes: Vec<_> = page
+        .writes
         .iter()
         .map(|w| {
             json!({
+                "id": w.id,
                 "fence": w.fence,
                 "outcome": w.outcome,
                 "at": w.at.to_rfc3339_opts(SecondsFormat::Millis, true),
             })
         })
         .collect();
-    Ok(HttpResponse::Ok().json(json!({ "writes": writes })))
+    Ok(HttpResponse::Ok().json(json!({ "writes": writes, "next": page.next })))
+}
+
+/// Reads `limit` and `after` from a query string. Anything else, a parameter given twice,
+/// or a value that is not a plain decimal integer in range is an error naming the parameter.
+fn page(query: &str) -> Result<Page, Vec<FieldError>> {
+    let pairs = web::Query::<Vec<(String, String)>>::from_query(query)
+        .map_err(|e| vec![FieldError::new("query", e)])?
+        .into_inner();
+    let (mut limit, mut after) = (None, None);
+    let mut errors = Vec::new();
+    for (name, value) in pairs {
+        let slot = match name.as_str() {
+            "limit" => &mut limit,
+            "after" => &mut after,
+            _ => {
+                errors.push(FieldError::new(
+                    name,
+                    "unknown parameter; the parameters are limit and after",
+                ));
+                continue;
+            }
+        };
+        if slot.is_some() {
+            errors.push(FieldError::new(name, "given more than once"));
+        } else {
+            *slot = Some(value);
+        }
+    }
+    let mut page = Page::default();
+    if let Some(text) = limit {
+        match decimal(&text).and_then(|n| u32::try_from(n).ok()) {
+            Some(n @ 1..=MAX_PAGE_LIMIT) => page.limit = n,
+            _ => errors.push(FieldError::new(
+                "limit",
+                format!("must be an integer from 1 to {MAX_PAGE_LIMIT}"),
+            )),
+        }
+    }
+    if let Some(text) = after {
+        match decimal(&text).and_then(|n| i64::try_from(n).ok()) {
+            Some(n) => page.after = n,
+            None => errors.push(FieldError::new(
+                "after",
+                "must be the \"next\" value of the previous page: an integer from 0",
+            )),
+        }
+    }
+    if errors.is_empty() {
+        Ok(page)
+    } else {
+        Err(errors)
+    }
+}
+
+/// A plain decimal integer: ASCII digits only (no sign, no point, no exponent), any number
+/// of them; `None` when it is not one or does not fit.
+fn decimal(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(query: &str) -> Vec<String> {
+        page(query)
+            .unwrap_err()
+            .into_iter()
+            .map(|e| e.field)
+            .collect()
+    }
+
+    #[test]
+    fn page_parameters_have_defaults_and_bounds() {
+        assert_eq!(page(""), Ok(Page::default()));
+        assert_eq!(
+            page("limit=1000&after=42"),
+            Ok(Page {
+                after: 42,
+                limit: 1000
+            })
+        );
+        assert_eq!(page("limit=1").map(|p| p.limit), Ok(1));
+        assert_eq!(page("after=0").map(|p| p.after), Ok(0));
+        assert_eq!(
+            page("after=9223372036854775807").map(|p| p.after),
+            Ok(i64::MAX)
+        );
+    }
+
+    #[test]
+    fn bad_page_parameters_are_named() {
+        for bad in [
+            "0",
+            "1001",
+            "-1",
+            "+5",
+            "1.5",
+            "1e2",
+            "",
+            "abc",
+            " 5",
+            "99999999999999999999999",
+        ] {
+            assert_eq!(fields(&format!("limit={bad}")), ["limit"], "limit={bad:?}");
+        }
+        for bad in ["-1", "+1", "1.5", "", "x", "9223372036854775808"] {
+            assert_eq!(fields(&format!("after={bad}")), ["after"], "after={bad:?}");
+        }
+        assert_eq!(fields("limit"), ["limit"]);
+        assert_eq!(fields("limit=5&limit=6"), ["limit"]);
+        assert_eq!(fields("limt=5"), ["limt"]);
+        assert_eq!(fields("limit=0&after=x"), ["limit", "after"]);
+    }
 }

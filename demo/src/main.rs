@@ -1,9 +1,11 @@
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use fencelock::config::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
 use fencelock_demo::app::DemoServer;
-use fencelock_demo::docs::{self, Guarding};
+use fencelock_demo::docs::{self, Guarding, StoreSettings};
 use fencelock_demo::story::{self, StoryOptions, Verdict};
 
 /// The fencelock demo: a protected store that uses the write guard, and the paused-worker
@@ -18,6 +20,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the demo store: PUT/GET /docs/{key}, GET /docs/{key}/writes.
+    ///
+    /// An unreachable PostgreSQL does not stop it: it starts, answers `503 store-unavailable`
+    /// until the database answers, then creates its tables and serves.
     Store {
         /// Address and port to listen on.
         #[arg(long, env = "FENCELOCK_DEMO_BIND", default_value = "127.0.0.1:8081")]
@@ -25,6 +30,23 @@ enum Command {
         /// `postgres://...` or `sqlite://PATH`; unset: the SQLite file `fencelock-demo.db`.
         #[arg(long, env = "FENCELOCK_DEMO_DATABASE_URL", hide_env_values = true)]
         database_url: Option<String>,
+        /// Most PostgreSQL connections this store opens (as the lease server's flag).
+        #[arg(
+            long,
+            env = "FENCELOCK_POOL_SIZE",
+            default_value_t = DEFAULT_POOL_SIZE,
+            value_parser = clap::value_parser!(u16).range(1..=1000)
+        )]
+        pool_size: u16,
+        /// Longest a request waits for the store before answering `503 store-unavailable`
+        /// (as the lease server's flag); also PostgreSQL's statement timeout.
+        #[arg(
+            long,
+            env = "FENCELOCK_STORE_TIMEOUT_MS",
+            default_value_t = DEFAULT_STORE_TIMEOUT_MS,
+            value_parser = clap::value_parser!(u64).range(1..)
+        )]
+        store_timeout_ms: u64,
         /// Accept every write, whatever its fence (to show the damage; never in production).
         #[arg(long)]
         no_guard: bool,
@@ -60,14 +82,22 @@ fn main() -> ExitCode {
             Command::Store {
                 bind,
                 database_url,
+                pool_size,
+                store_timeout_ms,
                 no_guard,
-            } => match serve(bind, database_url.as_deref(), guarding(no_guard)).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("fencelock-demo: {e:#}");
-                    ExitCode::FAILURE
+            } => {
+                let settings = StoreSettings {
+                    pool_size: usize::from(pool_size),
+                    store_timeout: Duration::from_millis(store_timeout_ms),
+                };
+                match serve(bind, database_url.as_deref(), guarding(no_guard), settings).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("fencelock-demo: {e:#}");
+                        ExitCode::FAILURE
+                    }
                 }
-            },
+            }
             Command::PausedWorker {
                 no_guard,
                 lease_url,
@@ -106,9 +136,14 @@ fn guarding(no_guard: bool) -> Guarding {
     }
 }
 
-async fn serve(bind: SocketAddr, url: Option<&str>, guarding: Guarding) -> anyhow::Result<()> {
-    let docs = docs::open(url, guarding).await?;
-    let server = DemoServer::build(bind, docs)?;
+async fn serve(
+    bind: SocketAddr,
+    url: Option<&str>,
+    guarding: Guarding,
+    settings: StoreSettings,
+) -> anyhow::Result<()> {
+    let docs = docs::open(url, guarding, settings).await?;
+    let server = DemoServer::build(bind, docs, settings.store_timeout)?;
     tracing::info!(port = server.port(), ?guarding, "demo store serving");
     let handle = server.handle();
     actix_web::rt::spawn(async move {

@@ -17,7 +17,7 @@ use fencelock::startup::Application;
 use serde_json::{Value, json};
 
 use crate::app::DemoServer;
-use crate::docs::{self, Guarding};
+use crate::docs::{self, Guarding, StoreSettings};
 
 pub struct StoryOptions {
     pub guarding: Guarding,
@@ -64,9 +64,11 @@ pub async fn run(options: StoryOptions) -> anyhow::Result<Verdict> {
         Some(url) => url.trim_end_matches('/').to_owned(),
         None => {
             let db = format!("sqlite://{}", scratch.path().join("docs.db").display());
+            let settings = StoreSettings::default();
             let server = DemoServer::build(
                 "127.0.0.1:0".parse()?,
-                docs::open(Some(&db), options.guarding).await?,
+                docs::open(Some(&db), options.guarding, settings).await?,
+                settings.store_timeout,
             )?;
             let url = format!("http://127.0.0.1:{}", server.port());
             stops.push(server.handle());
@@ -327,14 +329,27 @@ impl Store {
         Ok(response.json().await?)
     }
 
+    /// The key's whole write log, page after page (a story writes only a handful).
     async fn writes(&self, key: &str) -> anyhow::Result<Vec<Value>> {
-        let body: Value = self
-            .http
-            .get(format!("{}/docs/{key}/writes", self.base))
-            .send()
-            .await?
-            .json()
-            .await?;
-        Ok(body["writes"].as_array().cloned().unwrap_or_default())
+        let mut writes = Vec::new();
+        let mut after = None;
+        loop {
+            let mut request = self
+                .http
+                .get(format!("{}/docs/{key}/writes", self.base))
+                .query(&[("limit", "1000")]);
+            if let Some(after) = &after {
+                request = request.query(&[("after", after)]);
+            }
+            let body: Value = request.send().await?.json().await?;
+            let page = body["writes"].as_array().cloned().unwrap_or_default();
+            let more = !page.is_empty();
+            writes.extend(page);
+            // A store without pages sends no "next": its one answer is the whole log.
+            match &body["next"] {
+                Value::Number(next) if more => after = Some(next.to_string()),
+                _ => return Ok(writes),
+            }
+        }
     }
 }

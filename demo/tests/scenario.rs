@@ -5,7 +5,7 @@ use std::process::{Command, Output};
 use fencelock::config::{Settings, StoreConfig};
 use fencelock::startup::Application;
 use fencelock_demo::app::DemoServer;
-use fencelock_demo::docs::{self, Guarding};
+use fencelock_demo::docs::{self, Guarding, StoreSettings};
 
 fn story(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fencelock-demo"))
@@ -58,8 +58,13 @@ fn story_runs_against_running_services() {
             let mut settings = Settings::for_store(StoreConfig::Sqlite(leases));
             settings.bind = "127.0.0.1:0".parse().unwrap();
             let lease_server = Application::build(settings).await.unwrap();
-            let docs = docs::open(Some(&docs_url), Guarding::On).await.unwrap();
-            let store = DemoServer::build("127.0.0.1:0".parse().unwrap(), docs).unwrap();
+            let settings = StoreSettings::default();
+            let docs = docs::open(Some(&docs_url), Guarding::On, settings)
+                .await
+                .unwrap();
+            let store =
+                DemoServer::build("127.0.0.1:0".parse().unwrap(), docs, settings.store_timeout)
+                    .unwrap();
             ready
                 .send((
                     format!("http://127.0.0.1:{}", lease_server.port()),

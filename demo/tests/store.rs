@@ -1,9 +1,12 @@
 //! The demo store over real HTTP, on PostgreSQL and SQLite: the write guard's rules.
 
+use std::net::{SocketAddr, ToSocketAddrs as _};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fencelock_demo::app::DemoServer;
-use fencelock_demo::docs::{self, Guarding};
+use fencelock_demo::docs::{self, Guarding, StoreSettings};
+use fencelock_testkit::Proxy;
 use serde_json::{Value, json};
 
 #[derive(Clone, Copy, Debug)]
@@ -26,17 +29,54 @@ async fn admin() -> tokio_postgres::Client {
     client
 }
 
+/// The address of the test PostgreSQL server, for a proxy in front of it.
+fn postgres_addr() -> SocketAddr {
+    let config: tokio_postgres::Config = admin_url().parse().unwrap();
+    let host = match &config.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(host) => host.clone(),
+        #[cfg(unix)]
+        tokio_postgres::config::Host::Unix(path) => {
+            panic!("a proxy needs PostgreSQL over TCP, not {}", path.display())
+        }
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    (host.as_str(), port)
+        .to_socket_addrs()
+        .unwrap()
+        .next()
+        .unwrap()
+}
+
+/// `postgres://user@host:port` with the host and port replaced by `addr`.
+fn server_url_via(server: &str, addr: SocketAddr) -> String {
+    let (scheme, rest) = server.split_once("://").unwrap();
+    match rest.rsplit_once('@') {
+        Some((userinfo, _)) => format!("{scheme}://{userinfo}@{addr}"),
+        None => format!("{scheme}://{addr}"),
+    }
+}
+
 /// A demo store on fresh storage, stopped and dropped with this value.
 struct TestStore {
     address: String,
     http: reqwest::Client,
     handle: Option<(actix_web::dev::ServerHandle, std::thread::JoinHandle<()>)>,
     database: Option<String>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl TestStore {
     async fn spawn(kind: Kind, guarding: Guarding) -> Self {
+        Self::spawn_with(kind, guarding, StoreSettings::default(), None).await
+    }
+
+    /// With `via`, the store reaches PostgreSQL through that address (a [`Proxy`]).
+    async fn spawn_with(
+        kind: Kind,
+        guarding: Guarding,
+        settings: StoreSettings,
+        via: Option<SocketAddr>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let (url, database) = match kind {
             Kind::Sqlite => (
@@ -52,14 +92,22 @@ impl TestStore {
                     .unwrap();
                 let base = admin_url();
                 let (server, _) = base.rsplit_once('/').unwrap();
+                let server = match via {
+                    Some(addr) => server_url_via(server, addr),
+                    None => server.to_owned(),
+                };
                 (format!("{server}/{name}"), Some(name))
             }
         };
         let (ready, built) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {
-                let docs = docs::open(Some(&url), guarding).await.expect("store opens");
-                let server = DemoServer::build("127.0.0.1:0".parse().unwrap(), docs).unwrap();
+                let docs = docs::open(Some(&url), guarding, settings)
+                    .await
+                    .expect("store opens");
+                let server =
+                    DemoServer::build("127.0.0.1:0".parse().unwrap(), docs, settings.store_timeout)
+                        .unwrap();
                 let _ = ready.send((server.port(), server.handle()));
                 let _ = server.run_until_stopped().await;
             });
@@ -70,7 +118,27 @@ impl TestStore {
             http: reqwest::Client::builder().no_proxy().build().unwrap(),
             handle: Some((handle, thread)),
             database,
-            _dir: dir,
+            dir,
+        }
+    }
+
+    /// Runs `sql` on the store's own database, beside the store.
+    async fn sabotage(&self, sql: &str) {
+        match &self.database {
+            Some(name) => {
+                let base = admin_url();
+                let (server, _) = base.rsplit_once('/').unwrap();
+                let (client, connection) =
+                    tokio_postgres::connect(&format!("{server}/{name}"), tokio_postgres::NoTls)
+                        .await
+                        .unwrap();
+                tokio::spawn(connection);
+                client.batch_execute(sql).await.unwrap();
+            }
+            None => rusqlite::Connection::open(self.dir.path().join("docs.db"))
+                .unwrap()
+                .execute_batch(sql)
+                .unwrap(),
         }
     }
 
@@ -358,11 +426,298 @@ async fn without_the_guard_late_writes_win(kind: Kind) {
     assert_eq!(store.doc("doc:1").await["value"], json!("late"));
 }
 
+/// A bug (here: a schema the store's statements no longer fit) is a `500 internal`, not a
+/// `503`: retrying would not help, and the caller must not be told to.
+async fn a_broken_schema_is_a_500_not_a_503(kind: Kind) {
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    assert_eq!(store.put("doc:1", Some("1"), &json!(1)).await.status(), 200);
+    store
+        .sabotage("ALTER TABLE doc_writes RENAME COLUMN outcome TO gone")
+        .await;
+    let put = store.put("doc:1", Some("2"), &json!(2)).await;
+    assert!(!put.headers().contains_key("retry-after"));
+    problem(put, 500, "internal").await;
+    problem(store.get("/docs/doc:1/writes").await, 500, "internal").await;
+    // The write that failed took no effect.
+    assert_eq!(store.doc("doc:1").await["value"], json!(1));
+}
+
+/// Reads `/docs/{key}/writes` with `query`, expecting `200`.
+async fn writes_page(store: &TestStore, key: &str, query: &str) -> Value {
+    let response = store.get(&format!("/docs/{key}/writes{query}")).await;
+    assert_eq!(response.status(), 200, "{query}");
+    response.json().await.unwrap()
+}
+
+/// The whole log of `key`, page by page of `limit`, checking each page's size and `next`.
+async fn all_pages(store: &TestStore, key: &str, limit: usize) -> (Vec<Value>, usize) {
+    let (mut writes, mut pages, mut after) = (Vec::new(), 0, None::<i64>);
+    loop {
+        let query = match after {
+            Some(after) => format!("?limit={limit}&after={after}"),
+            None => format!("?limit={limit}"),
+        };
+        let page = writes_page(store, key, &query).await;
+        pages += 1;
+        let entries = page["writes"].as_array().unwrap().clone();
+        assert!(entries.len() <= limit, "{query}: {} entries", entries.len());
+        match page["next"].as_i64() {
+            Some(next) => {
+                assert_eq!(entries.len(), limit, "only a full page has a next");
+                assert_eq!(json!(next), entries.last().unwrap()["id"]);
+                after = Some(next);
+            }
+            None => {
+                assert_eq!(page["next"], Value::Null);
+                writes.extend(entries);
+                return (writes, pages);
+            }
+        }
+        writes.extend(entries);
+        assert!(pages < 1000, "paging does not end");
+    }
+}
+
+/// `GET /docs/{key}/writes` pages through the log: every write exactly once, oldest first,
+/// whatever the page size; `next` is `null` on the last page, which is never an empty page
+/// after a full one; other keys' writes never appear.
+async fn the_write_log_is_paged(kind: Kind) {
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    for fence in 1..=250 {
+        // Every tenth write is late, so rejected entries are paged too.
+        let sent = if fence % 10 == 0 { fence - 5 } else { fence };
+        let status = store
+            .put("doc:log", Some(&sent.to_string()), &json!(fence))
+            .await
+            .status();
+        assert!([200, 409].contains(&status.as_u16()), "{status}");
+        if fence % 50 == 0 {
+            assert_eq!(
+                store.put("doc:other", Some("1"), &json!(0)).await.status(),
+                200
+            );
+        }
+    }
+    let expected: Vec<i64> = (1..=250)
+        .map(|f| if f % 10 == 0 { f - 5 } else { f })
+        .collect();
+
+    for (limit, pages) in [(100, 3), (125, 2), (7, 36), (1000, 1)] {
+        let (writes, seen) = all_pages(&store, "doc:log", limit).await;
+        let fences: Vec<i64> = writes
+            .iter()
+            .map(|w| w["fence"].as_i64().unwrap())
+            .collect();
+        assert_eq!(fences, expected, "limit={limit}");
+        let ids: Vec<i64> = writes.iter().map(|w| w["id"].as_i64().unwrap()).collect();
+        assert!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            "limit={limit}: {ids:?}"
+        );
+        assert_eq!(seen, pages, "limit={limit}");
+        let rejected = writes.iter().filter(|w| w["outcome"] == "rejected").count();
+        assert_eq!(rejected, 25, "limit={limit}");
+        assert!(writes.iter().all(|w| w["at"].is_string()));
+    }
+
+    // No parameters: the first 100, and where to go on.
+    let first = writes_page(&store, "doc:log", "").await;
+    assert_eq!(first["writes"].as_array().unwrap().len(), 100);
+    assert_eq!(first["next"], first["writes"][99]["id"]);
+    // After the last entry: an empty last page. An unknown key: the same.
+    let last_id = all_pages(&store, "doc:log", 1000).await.0[249]["id"].clone();
+    let beyond = writes_page(&store, "doc:log", &format!("?after={last_id}")).await;
+    assert_eq!(beyond, json!({ "writes": [], "next": null }));
+    let none = writes_page(&store, "doc:none", "").await;
+    assert_eq!(none, json!({ "writes": [], "next": null }));
+    assert_eq!(store.writes("doc:other").await.len(), 5);
+}
+
+/// A bad `limit` or `after`, a repeated or unknown parameter: `422 validation-failed`
+/// naming the parameter, before the store is asked.
+async fn bad_page_parameters_are_422(kind: Kind) {
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    assert_eq!(store.put("doc:1", Some("1"), &json!(1)).await.status(), 200);
+    let cases = [
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("limit=-1", "limit"),
+        ("limit=1.5", "limit"),
+        ("limit=abc", "limit"),
+        ("limit=", "limit"),
+        ("limit=1e2", "limit"),
+        ("limit=99999999999999999999999999", "limit"),
+        ("limit=5&limit=6", "limit"),
+        ("after=-1", "after"),
+        ("after=abc", "after"),
+        ("after=1.5", "after"),
+        ("after=", "after"),
+        ("after=99999999999999999999999999", "after"),
+        ("limt=5", "limt"),
+    ];
+    for (query, field) in cases {
+        let body = problem(
+            store.get(&format!("/docs/doc:1/writes?{query}")).await,
+            422,
+            "validation-failed",
+        )
+        .await;
+        assert_eq!(body["errors"][0]["field"], json!(field), "{query}: {body}");
+        assert!(body["errors"][0]["message"].is_string());
+    }
+    let both = problem(
+        store.get("/docs/bad%20key/writes?limit=0").await,
+        422,
+        "validation-failed",
+    )
+    .await;
+    let named: Vec<&str> = both["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(named, ["key", "limit"]);
+}
+
 both_stores!(
+    the_write_log_is_paged,
+    bad_page_parameters_are_422,
     guard_orders_writes_by_fence,
     keys_are_guarded_separately,
     fencing_token_is_required_and_checked,
     any_json_value_is_stored,
     concurrent_writers_leave_the_highest_fence,
     without_the_guard_late_writes_win,
+    a_broken_schema_is_a_500_not_a_503,
 );
+
+/// Short, so a test of a partition takes seconds.
+const SHORT_STORE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Generous slack over the store timeout for a loaded test machine; a hang is far longer.
+const MARGIN: Duration = Duration::from_secs(4);
+
+fn short_timeouts() -> StoreSettings {
+    StoreSettings {
+        store_timeout: SHORT_STORE_TIMEOUT,
+        ..StoreSettings::default()
+    }
+}
+
+async fn assert_unavailable(response: reqwest::Response) {
+    assert!(
+        response.headers().contains_key("retry-after"),
+        "503 without Retry-After"
+    );
+    problem(response, 503, "store-unavailable").await;
+}
+
+/// Sends a request through `send`, failing the test if no answer comes within the store
+/// timeout plus [`MARGIN`].
+async fn answered_in_time(
+    send: impl Future<Output = reqwest::Response>,
+    what: &str,
+) -> reqwest::Response {
+    let started = Instant::now();
+    let response = tokio::time::timeout(SHORT_STORE_TIMEOUT + MARGIN, send)
+        .await
+        .unwrap_or_else(|_| panic!("{what} hung for {:?}", started.elapsed()));
+    assert!(started.elapsed() < SHORT_STORE_TIMEOUT + MARGIN);
+    response
+}
+
+/// Retries `send` until it answers `200`, failing the test after a few seconds.
+async fn heals(mut send: impl AsyncFnMut() -> reqwest::Response, what: &str) -> reqwest::Response {
+    let deadline = Instant::now() + SHORT_STORE_TIMEOUT + MARGIN * 2;
+    loop {
+        let response = answered_in_time(send(), what).await;
+        if response.status() == 200 {
+            return response;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} still answers {} after the network healed",
+            response.status()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A network partition between the demo store and PostgreSQL (nothing arrives, nothing is
+/// reset): a write answers `503 store-unavailable` with `Retry-After` within its store timeout
+/// instead of hanging, reads too, and once the network heals the store serves again. The
+/// write answered `503` never took effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_answers_503_within_the_store_timeout_then_heals() {
+    let proxy = Proxy::start(postgres_addr());
+    let store = TestStore::spawn_with(
+        Kind::Postgres,
+        Guarding::On,
+        short_timeouts(),
+        Some(proxy.addr()),
+    )
+    .await;
+    assert_eq!(
+        store
+            .put("doc:1", Some("1"), &json!("before"))
+            .await
+            .status(),
+        200
+    );
+
+    proxy.freeze();
+    let during = answered_in_time(
+        store.put("doc:1", Some("2"), &json!("during")),
+        "a write during the partition",
+    )
+    .await;
+    assert_unavailable(during).await;
+    assert_unavailable(answered_in_time(store.get("/docs/doc:1"), "a read").await).await;
+    assert_unavailable(answered_in_time(store.get("/docs/doc:1/writes"), "the log").await).await;
+
+    proxy.thaw();
+    heals(
+        async || store.put("doc:1", Some("3"), &json!("after")).await,
+        "a write after the partition",
+    )
+    .await;
+    let doc = store.doc("doc:1").await;
+    assert_eq!((&doc["value"], &doc["fence"]), (&json!("after"), &json!(3)));
+    let fences: Vec<i64> = store
+        .writes("doc:1")
+        .await
+        .iter()
+        .map(|w| w["fence"].as_i64().unwrap())
+        .collect();
+    assert!(
+        !fences.contains(&2),
+        "the write answered 503 took effect: {fences:?}"
+    );
+}
+
+/// Started while PostgreSQL is unreachable, the demo store serves anyway: `503` at once
+/// where the store is needed, then, once the database answers, it creates its tables and
+/// serves without a restart (as the lease server does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_starts_without_postgres_and_serves_once_it_answers() {
+    let proxy = Proxy::start(postgres_addr());
+    proxy.cut();
+    let store = TestStore::spawn_with(
+        Kind::Postgres,
+        Guarding::On,
+        short_timeouts(),
+        Some(proxy.addr()),
+    )
+    .await;
+    assert_unavailable(answered_in_time(store.put("doc:1", Some("1"), &json!(1)), "a write").await)
+        .await;
+    assert_unavailable(answered_in_time(store.get("/docs/doc:1"), "a read").await).await;
+
+    proxy.thaw();
+    heals(
+        async || store.put("doc:1", Some("1"), &json!(1)).await,
+        "a write once PostgreSQL answers",
+    )
+    .await;
+    assert_eq!(store.doc("doc:1").await["fence"], json!(1));
+}

@@ -573,8 +573,11 @@ fn fence(row: &Row, index: usize) -> Result<Fence, StoreError> {
 const DEADLINE_PASSED: &str = "FL408";
 
 /// The one place PostgreSQL failures are sorted, by SQLSTATE and connection state, never by
-/// message text.
-fn classify(e: tokio_postgres::Error) -> StoreError {
+/// message text: connection loss, timeouts and a busy or restarting server are
+/// `Unavailable` (`503`); a database that refuses writes is `NotWritable` (`503`); anything
+/// else (a bad statement, a broken schema) is `Internal` (`500`). Public so that services
+/// beside the lease store (the demo store) sort their own failures the same way.
+pub fn classify(e: tokio_postgres::Error) -> StoreError {
     match e.code() {
         Some(code) if code.code() == DEADLINE_PASSED => return StoreError::too_late(),
         Some(code) if code == &SqlState::READ_ONLY_SQL_TRANSACTION => {
@@ -614,8 +617,8 @@ fn classify(e: tokio_postgres::Error) -> StoreError {
 
 /// Every failure to get a connection means the database cannot be reached right now: refused,
 /// timed out, or refusing new sessions (shutting down, `ALLOW_CONNECTIONS false`, too many
-/// clients). None of them is a reason for a `500`.
-fn classify_pool(e: PoolError) -> StoreError {
+/// clients). None of them is a reason for a `500`. Public for the same reason as [`classify`].
+pub fn classify_pool(e: PoolError) -> StoreError {
     StoreError::Unavailable(e.into())
 }
 

@@ -247,7 +247,10 @@ fn run_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Job>>) {
     }
 }
 
-fn classify(e: rusqlite::Error) -> StoreError {
+/// Sorts SQLite failures by result code: busy, locked, I/O, disk full and the like are
+/// `Unavailable` (`503`); anything else is `Internal` (`500`). Public so that services beside
+/// the lease store (the demo store) sort their own failures the same way.
+pub fn classify(e: rusqlite::Error) -> StoreError {
     match e.sqlite_error_code() {
         Some(
             ErrorCode::DatabaseBusy

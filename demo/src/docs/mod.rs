@@ -8,16 +8,37 @@ mod sqlite;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use fencelock::config::StoreConfig;
+use fencelock::config::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS, StoreConfig};
 use fencelock::domain::{Fence, ResourceName};
+use fencelock::store::StoreError;
 use serde::Serialize;
 use serde_json::Value;
 
 /// The SQLite file used when no database URL is given.
 pub const DEFAULT_SQLITE_FILE: &str = "fencelock-demo.db";
+
+/// How the demo store uses its database; the lease server's settings, with its defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreSettings {
+    /// Most PostgreSQL connections (`--pool-size`).
+    pub pool_size: usize,
+    /// Longest a request waits for the store before answering `503 store-unavailable`; also
+    /// PostgreSQL's `statement_timeout` (`--store-timeout-ms`).
+    pub store_timeout: Duration,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self {
+            pool_size: usize::from(DEFAULT_POOL_SIZE),
+            store_timeout: Duration::from_millis(DEFAULT_STORE_TIMEOUT_MS),
+        }
+    }
+}
 
 /// Whether writes go through the fence check. `Off` exists only to show the damage fencing
 /// prevents.
@@ -51,11 +72,13 @@ impl Outcome {
         }
     }
 
-    fn parse(text: &str) -> anyhow::Result<Self> {
+    fn parse(text: &str) -> Result<Self, StoreError> {
         match text {
             "applied" => Ok(Self::Applied),
             "rejected" => Ok(Self::Rejected),
-            other => anyhow::bail!("unknown write outcome {other:?}"),
+            other => Err(StoreError::Internal(anyhow::anyhow!(
+                "unknown write outcome {other:?}"
+            ))),
         }
     }
 }
@@ -63,9 +86,63 @@ impl Outcome {
 /// One write attempt, as the log keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteRecord {
+    /// The entry's place in the log: increasing with every attempt, on every key. Pages of a
+    /// key's log are read after an id ([`Page::after`]).
+    pub id: i64,
     pub fence: i64,
     pub outcome: Outcome,
     pub at: DateTime<Utc>,
+}
+
+/// How many write-log entries a page holds when the caller does not say.
+pub const DEFAULT_PAGE_LIMIT: u32 = 100;
+/// The most write-log entries one page may hold.
+pub const MAX_PAGE_LIMIT: u32 = 1000;
+
+/// Which part of a key's write log to read: the entries with an id greater than `after`
+/// (`0`: from the start), oldest first, at most `limit` (1..=[`MAX_PAGE_LIMIT`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page {
+    pub after: i64,
+    pub limit: u32,
+}
+
+impl Default for Page {
+    /// The first page, of the default size.
+    fn default() -> Self {
+        Self {
+            after: 0,
+            limit: DEFAULT_PAGE_LIMIT,
+        }
+    }
+}
+
+/// One page of a key's write log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WritesPage {
+    pub writes: Vec<WriteRecord>,
+    /// The `after` of the next page; `None` on the last page.
+    pub next: Option<i64>,
+}
+
+impl WritesPage {
+    /// The store reads one entry more than the page holds: it only tells whether another
+    /// page follows, so the last page is known as such without reading an empty one.
+    fn rows_to_read(page: Page) -> i64 {
+        i64::from(page.limit) + 1
+    }
+
+    /// From the entries read with [`Self::rows_to_read`], in id order.
+    fn from_rows(mut writes: Vec<WriteRecord>, page: Page) -> Self {
+        let limit = usize::try_from(page.limit).unwrap_or(usize::MAX);
+        let next = if writes.len() > limit {
+            writes.truncate(limit);
+            writes.last().map(|w| w.id)
+        } else {
+            None
+        };
+        Self { writes, next }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -77,27 +154,47 @@ pub enum Put {
     },
 }
 
+/// The documents. Errors are the lease store's: `Unavailable` (the database cannot answer
+/// now: `503`) or `Internal` (a bug or a broken schema: `500`), never an outcome.
 #[async_trait]
 pub trait DocStore: Send + Sync + 'static {
     /// Writes `value` under `key` if the guard admits `fence`, and logs the attempt; both in
     /// one transaction.
-    async fn put(&self, key: &ResourceName, value: &Value, fence: Fence) -> anyhow::Result<Put>;
-    async fn get(&self, key: &ResourceName) -> anyhow::Result<Option<Doc>>;
-    /// Every write attempt on `key`, oldest first.
-    async fn writes(&self, key: &ResourceName) -> anyhow::Result<Vec<WriteRecord>>;
+    async fn put(&self, key: &ResourceName, value: &Value, fence: Fence)
+    -> Result<Put, StoreError>;
+    async fn get(&self, key: &ResourceName) -> Result<Option<Doc>, StoreError>;
+    /// One page of the write attempts on `key`, oldest first; index-backed by
+    /// `(key, id)`, so a page costs the same however long the log is.
+    async fn writes(&self, key: &ResourceName, page: Page) -> Result<WritesPage, StoreError>;
+}
+
+/// A stored value the store cannot read back: a bug or a damaged row, never an outage.
+fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Internal(anyhow::anyhow!("stored {what}: {e}"))
 }
 
 pub type SharedDocs = Arc<dyn DocStore>;
 
 /// Opens the store a URL names: unset → [`DEFAULT_SQLITE_FILE`], `sqlite://PATH`, or
 /// `postgres://...`, as the lease server reads its own `DATABASE_URL`.
-pub async fn open(url: Option<&str>, guarding: Guarding) -> anyhow::Result<SharedDocs> {
+///
+/// Like the lease server, an unreachable PostgreSQL is not fatal: the store starts, answers
+/// `503 store-unavailable` until the database answers, and creates its tables on first
+/// contact. A SQLite file that cannot be opened is fatal, since nothing would change by
+/// waiting.
+pub async fn open(
+    url: Option<&str>,
+    guarding: Guarding,
+    settings: StoreSettings,
+) -> anyhow::Result<SharedDocs> {
     let config = match url.map(str::trim).filter(|u| !u.is_empty()) {
         None => StoreConfig::Sqlite(PathBuf::from(DEFAULT_SQLITE_FILE)),
         Some(url) => StoreConfig::from_url(Some(url))?,
     };
     Ok(match config {
-        StoreConfig::Postgres(pg) => Arc::new(postgres::PgDocs::open(*pg, guarding).await?),
+        StoreConfig::Postgres(pg) => {
+            Arc::new(postgres::PgDocs::open(&pg, guarding, settings).await?)
+        }
         StoreConfig::Sqlite(path) => {
             let docs =
                 tokio::task::spawn_blocking(move || sqlite::SqliteDocs::open(&path, guarding))
@@ -105,4 +202,32 @@ pub async fn open(url: Option<&str>, guarding: Guarding) -> anyhow::Result<Share
             Arc::new(docs)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(ids: std::ops::RangeInclusive<i64>) -> Vec<WriteRecord> {
+        ids.map(|id| WriteRecord {
+            id,
+            fence: id,
+            outcome: Outcome::Applied,
+            at: DateTime::UNIX_EPOCH,
+        })
+        .collect()
+    }
+
+    #[test]
+    fn a_page_says_where_the_next_begins_and_the_last_says_none() {
+        let page = Page { after: 0, limit: 3 };
+        assert_eq!(WritesPage::rows_to_read(page), 4);
+        let full = WritesPage::from_rows(rows(1..=4), page);
+        assert_eq!(full.writes, rows(1..=3));
+        assert_eq!(full.next, Some(3));
+        let last = WritesPage::from_rows(rows(4..=6), page);
+        assert_eq!((last.writes.len(), last.next), (3, None));
+        let empty = WritesPage::from_rows(Vec::new(), page);
+        assert_eq!((empty.writes.len(), empty.next), (0, None));
+    }
 }

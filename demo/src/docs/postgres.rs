@@ -1,14 +1,16 @@
-use anyhow::Context as _;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::Pool;
 use fencelock::domain::{Fence, ResourceName};
 use fencelock::guard::{self, Admission};
-use fencelock::store::postgres::PgConfig;
+use fencelock::store::StoreError;
+use fencelock::store::postgres::{PgConfig, classify, classify_pool};
 use serde_json::Value;
-use tokio_postgres::NoTls;
+use tokio::sync::OnceCell;
 
-use super::{Doc, DocStore, Guarding, Outcome, Put, WriteRecord};
+use super::{
+    Doc, DocStore, Guarding, Outcome, Page, Put, StoreSettings, WriteRecord, WritesPage, corrupt,
+};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS docs (
@@ -26,38 +28,83 @@ CREATE TABLE IF NOT EXISTS doc_writes (
 );
 CREATE INDEX IF NOT EXISTS doc_writes_key_id_idx ON doc_writes (key, id);";
 
+/// The documents on PostgreSQL, through the lease server's pool: no request waits longer
+/// than the pool's timeouts for a connection, and no statement runs longer than the store
+/// timeout, so an outage is answered with `503` rather than a hang.
 pub struct PgDocs {
     pool: Pool,
     guarding: Guarding,
+    /// Set once the tables exist; until then every operation tries to create them first, so
+    /// a store started before its database comes up heals by itself.
+    schema: OnceCell<()>,
 }
 
 impl PgDocs {
-    pub async fn open(config: PgConfig, guarding: Guarding) -> anyhow::Result<Self> {
-        let manager = Manager::from_config(
-            config.config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(16)
-            .runtime(Runtime::Tokio1)
-            .build()?;
-        let client = pool.get().await.context("connecting to PostgreSQL")?;
-        client.batch_execute(guard::postgres::SCHEMA).await?;
-        client.batch_execute(SCHEMA).await?;
-        Ok(Self { pool, guarding })
+    /// Builds the pool and tries once to create the tables; an unreachable database is logged
+    /// and left for the first request to retry.
+    pub async fn open(
+        config: &PgConfig,
+        guarding: Guarding,
+        settings: StoreSettings,
+    ) -> anyhow::Result<Self> {
+        let pool =
+            fencelock::store::postgres::pool(config, settings.pool_size, settings.store_timeout)?;
+        let docs = Self {
+            pool,
+            guarding,
+            schema: OnceCell::new(),
+        };
+        let first_contact =
+            tokio::time::timeout(settings.store_timeout, docs.ensure_schema()).await;
+        match first_contact {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(
+                error = %e,
+                database = %config.redacted_url,
+                "PostgreSQL is not available yet; serving 503 until it is"
+            ),
+            Err(_) => tracing::warn!(
+                database = %config.redacted_url,
+                "PostgreSQL did not answer within the store timeout; serving 503 until it does"
+            ),
+        }
+        Ok(docs)
+    }
+
+    async fn ensure_schema(&self) -> Result<(), StoreError> {
+        self.schema
+            .get_or_try_init(|| async {
+                let client = self.pool.get().await.map_err(classify_pool)?;
+                client
+                    .batch_execute(guard::postgres::SCHEMA)
+                    .await
+                    .map_err(classify)?;
+                client.batch_execute(SCHEMA).await.map_err(classify)
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.ensure_schema().await?;
+        self.pool.get().await.map_err(classify_pool)
     }
 }
 
 #[async_trait]
 impl DocStore for PgDocs {
-    async fn put(&self, key: &ResourceName, value: &Value, fence: Fence) -> anyhow::Result<Put> {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+    async fn put(
+        &self,
+        key: &ResourceName,
+        value: &Value,
+        fence: Fence,
+    ) -> Result<Put, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(classify)?;
         let admission = match self.guarding {
-            Guarding::On => guard::postgres::admit(&tx, key.as_str(), fence).await?,
+            Guarding::On => guard::postgres::admit(&tx, key.as_str(), fence)
+                .await
+                .map_err(classify)?,
             Guarding::Off => Admission::Admitted,
         };
         let (outcome, put) = match admission {
@@ -70,7 +117,8 @@ impl DocStore for PgDocs {
                          RETURNING updated_at",
                         &[&key.as_str(), &value.to_string(), &fence.get()],
                     )
-                    .await?
+                    .await
+                    .map_err(classify)?
                     .get(0);
                 let doc = Doc {
                     key: key.to_string(),
@@ -86,23 +134,25 @@ impl DocStore for PgDocs {
             "INSERT INTO doc_writes (key, fence, outcome) VALUES ($1, $2, $3)",
             &[&key.as_str(), &fence.get(), &outcome.as_str()],
         )
-        .await?;
-        tx.commit().await?;
+        .await
+        .map_err(classify)?;
+        tx.commit().await.map_err(classify)?;
         Ok(put)
     }
 
-    async fn get(&self, key: &ResourceName) -> anyhow::Result<Option<Doc>> {
-        let client = self.pool.get().await?;
+    async fn get(&self, key: &ResourceName) -> Result<Option<Doc>, StoreError> {
+        let client = self.client().await?;
         let row = client
             .query_opt(
                 "SELECT value, fence, updated_at FROM docs WHERE key = $1",
                 &[&key.as_str()],
             )
-            .await?;
+            .await
+            .map_err(classify)?;
         row.map(|row| {
             Ok(Doc {
                 key: key.to_string(),
-                value: serde_json::from_str(row.get(0))?,
+                value: serde_json::from_str(row.get(0)).map_err(|e| corrupt("value", e))?,
                 fence: row.get(1),
                 updated_at: row.get(2),
             })
@@ -110,22 +160,27 @@ impl DocStore for PgDocs {
         .transpose()
     }
 
-    async fn writes(&self, key: &ResourceName) -> anyhow::Result<Vec<WriteRecord>> {
-        let client = self.pool.get().await?;
+    async fn writes(&self, key: &ResourceName, page: Page) -> Result<WritesPage, StoreError> {
+        let client = self.client().await?;
         let rows = client
             .query(
-                "SELECT fence, outcome, at FROM doc_writes WHERE key = $1 ORDER BY id",
-                &[&key.as_str()],
+                "SELECT id, fence, outcome, at FROM doc_writes
+                 WHERE key = $1 AND id > $2 ORDER BY id LIMIT $3",
+                &[&key.as_str(), &page.after, &WritesPage::rows_to_read(page)],
             )
-            .await?;
-        rows.iter()
+            .await
+            .map_err(classify)?;
+        let writes = rows
+            .iter()
             .map(|row| {
                 Ok(WriteRecord {
-                    fence: row.get(0),
-                    outcome: Outcome::parse(row.get(1))?,
-                    at: row.get(2),
+                    id: row.get(0),
+                    fence: row.get(1),
+                    outcome: Outcome::parse(row.get(2))?,
+                    at: row.get(3),
                 })
             })
-            .collect()
+            .collect::<Result<_, StoreError>>()?;
+        Ok(WritesPage::from_rows(writes, page))
     }
 }

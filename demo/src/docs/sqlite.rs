@@ -6,10 +6,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock::domain::{Fence, ResourceName};
 use fencelock::guard::{self, Admission};
+use fencelock::store::StoreError;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
 
-use super::{Doc, DocStore, Guarding, Outcome, Put, WriteRecord};
+use super::{Doc, DocStore, Guarding, Outcome, Page, Put, WriteRecord, WritesPage};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS docs (
@@ -48,7 +49,10 @@ impl SqliteDocs {
         })
     }
 
-    async fn with<T, F>(&self, work: F) -> anyhow::Result<T>
+    /// Runs `work` on a blocking thread. Its errors are sorted here, once: SQLite's own by
+    /// result code as the lease store sorts them (busy, I/O, disk full: `503`), anything else
+    /// (a value that does not read back, a poisoned lock) as internal.
+    async fn with<T, F>(&self, work: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> anyhow::Result<T> + Send + 'static,
@@ -60,7 +64,16 @@ impl SqliteDocs {
                 .map_err(|_| anyhow::anyhow!("the SQLite connection was poisoned"))?;
             work(&mut conn)
         })
-        .await?
+        .await
+        .map_err(|e| StoreError::Internal(e.into()))?
+        .map_err(classify)
+    }
+}
+
+fn classify(e: anyhow::Error) -> StoreError {
+    match e.downcast::<rusqlite::Error>() {
+        Ok(e) => fencelock::store::sqlite::classify(e),
+        Err(e) => StoreError::Internal(e),
     }
 }
 
@@ -70,7 +83,12 @@ fn time(ms: i64) -> anyhow::Result<DateTime<Utc>> {
 
 #[async_trait]
 impl DocStore for SqliteDocs {
-    async fn put(&self, key: &ResourceName, value: &Value, fence: Fence) -> anyhow::Result<Put> {
+    async fn put(
+        &self,
+        key: &ResourceName,
+        value: &Value,
+        fence: Fence,
+    ) -> Result<Put, StoreError> {
         let (key, value, guarding) = (key.to_string(), value.clone(), self.guarding);
         self.with(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -107,7 +125,7 @@ impl DocStore for SqliteDocs {
         .await
     }
 
-    async fn get(&self, key: &ResourceName) -> anyhow::Result<Option<Doc>> {
+    async fn get(&self, key: &ResourceName) -> Result<Option<Doc>, StoreError> {
         let key = key.to_string();
         self.with(move |conn| {
             let row = conn
@@ -130,28 +148,37 @@ impl DocStore for SqliteDocs {
         .await
     }
 
-    async fn writes(&self, key: &ResourceName) -> anyhow::Result<Vec<WriteRecord>> {
+    async fn writes(&self, key: &ResourceName, page: Page) -> Result<WritesPage, StoreError> {
         let key = key.to_string();
-        self.with(move |conn| {
-            let mut statement = conn
-                .prepare("SELECT fence, outcome, at FROM doc_writes WHERE key = ?1 ORDER BY id")?;
-            let rows = statement.query_map([&key], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, i64>(2)?,
-                ))
-            })?;
-            rows.map(|row| {
-                let (fence, outcome, at) = row?;
-                Ok(WriteRecord {
-                    fence,
-                    outcome: Outcome::parse(&outcome)?,
-                    at: time(at)?,
+        let writes = self
+            .with(move |conn| {
+                let mut statement = conn.prepare_cached(
+                    "SELECT id, fence, outcome, at FROM doc_writes
+                     WHERE key = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+                )?;
+                let rows = statement.query_map(
+                    params![key, page.after, WritesPage::rows_to_read(page)],
+                    |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, String>(2)?,
+                            r.get::<_, i64>(3)?,
+                        ))
+                    },
+                )?;
+                rows.map(|row| {
+                    let (id, fence, outcome, at) = row?;
+                    Ok(WriteRecord {
+                        id,
+                        fence,
+                        outcome: Outcome::parse(&outcome)?,
+                        at: time(at)?,
+                    })
                 })
+                .collect()
             })
-            .collect()
-        })
-        .await
+            .await?;
+        Ok(WritesPage::from_rows(writes, page))
     }
 }
