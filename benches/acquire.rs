@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use fencelock::config::{Settings, StoreConfig};
+use fencelock::config::Settings;
 use fencelock::startup::Application;
+use fencelock::store::StoreConfig;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)

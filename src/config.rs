@@ -15,22 +15,18 @@
 //! that names the setting, before anything is opened.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::domain::Ttl;
 use crate::domain::ttl::{DEFAULT_MAX_TTL_SECONDS, TTL_CEILING_SECONDS};
-use crate::store::postgres::PgConfig;
+pub use crate::store::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
+use crate::store::{StoreConfig, StoreOptions};
 
-/// The SQLite file used when no database URL is given.
-pub const DEFAULT_SQLITE_FILE: &str = "fencelock.db";
 pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
-pub const DEFAULT_POOL_SIZE: u16 = 16;
 pub const DEFAULT_PURGE_GRACE_SECONDS: u64 = 3600;
 pub const DEFAULT_PURGE_INTERVAL_SECONDS: u64 = 60;
-pub const DEFAULT_STORE_TIMEOUT_MS: u64 = 5000;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -127,39 +123,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// Which store to open.
-#[derive(Clone)]
-pub enum StoreConfig {
-    Postgres(Box<PgConfig>),
-    Sqlite(PathBuf),
-}
-
-impl StoreConfig {
-    /// `None` (or empty) → the default SQLite file; `sqlite://PATH`; `postgres://` or
-    /// `postgresql://`; anything else is refused.
-    pub fn from_url(url: Option<&str>) -> anyhow::Result<Self> {
-        let url = url.map(str::trim).filter(|u| !u.is_empty());
-        let Some(url) = url else {
-            return Ok(Self::Sqlite(PathBuf::from(DEFAULT_SQLITE_FILE)));
-        };
-        if let Some(path) = url.strip_prefix("sqlite://") {
-            if path.is_empty() {
-                anyhow::bail!(
-                    "DATABASE_URL: sqlite:// needs a file path, e.g. sqlite://fencelock.db"
-                );
-            }
-            return Ok(Self::Sqlite(PathBuf::from(path)));
-        }
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Ok(Self::Postgres(Box::new(PgConfig::parse(url)?)));
-        }
-        let scheme = url.split_once(':').map_or(url, |(s, _)| s);
-        anyhow::bail!(
-            "DATABASE_URL: unsupported scheme {scheme:?}; use postgres://... or sqlite://PATH"
-        )
-    }
-}
-
 /// Everything the server needs, validated.
 #[derive(Clone)]
 pub struct Settings {
@@ -174,6 +137,14 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// How the store is used on the request path.
+    pub fn store_options(&self) -> StoreOptions {
+        StoreOptions {
+            pool_size: self.pool_size,
+            timeout: self.store_timeout,
+        }
+    }
+
     pub fn from_args(args: &ServerArgs) -> anyhow::Result<Self> {
         Ok(Self {
             bind: args.bind,
@@ -201,32 +172,5 @@ impl Settings {
             purge_interval: Duration::from_secs(DEFAULT_PURGE_INTERVAL_SECONDS),
             store_timeout: Duration::from_millis(DEFAULT_STORE_TIMEOUT_MS),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn store_is_chosen_by_url() {
-        assert!(matches!(
-            StoreConfig::from_url(None).unwrap(),
-            StoreConfig::Sqlite(p) if p.as_path() == std::path::Path::new("fencelock.db")
-        ));
-        assert!(matches!(
-            StoreConfig::from_url(Some("")).unwrap(),
-            StoreConfig::Sqlite(_)
-        ));
-        assert!(matches!(
-            StoreConfig::from_url(Some("sqlite:///tmp/x.db")).unwrap(),
-            StoreConfig::Sqlite(p) if p.as_path() == std::path::Path::new("/tmp/x.db")
-        ));
-        assert!(matches!(
-            StoreConfig::from_url(Some("postgres://u@localhost/db")).unwrap(),
-            StoreConfig::Postgres(_)
-        ));
-        assert!(StoreConfig::from_url(Some("mysql://x")).is_err());
-        assert!(StoreConfig::from_url(Some("sqlite://")).is_err());
     }
 }

@@ -3,9 +3,10 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use clap::error::ErrorKind;
 
-use fencelock::config::{Cli, Command, Settings, StoreConfig};
+use fencelock::config::{Cli, Command, Settings};
 use fencelock::startup::Application;
-use fencelock::{shutdown, store, telemetry};
+use fencelock::store::{self, StoreConfig};
+use fencelock::{shutdown, telemetry};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -58,7 +59,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
 }
 
 async fn migrate(settings: Settings) -> anyhow::Result<()> {
-    let store = store::open(&settings).await?;
+    let store = store::open(&settings.store, settings.store_options()).await?;
     if let StoreConfig::Postgres(_) = settings.store {
         // open() tolerates an unreachable database; an explicit migrate must not.
         store.ping().await?;

@@ -1,17 +1,15 @@
 //! Building the application: the one path used by `main` and by the tests.
 
 use std::net::TcpListener;
-use std::time::Duration;
 
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::config::Settings;
 use crate::routes::{self, AppState};
+use crate::store::purge::Purge;
 use crate::store::{self, SharedStore};
 
 /// How long in-flight requests may take to finish after a stop was asked for.
@@ -22,15 +20,14 @@ pub struct Application {
     port: u16,
     server: Server,
     store: SharedStore,
-    purge: JoinHandle<()>,
-    stop_purge: watch::Sender<bool>,
+    purge: Purge,
 }
 
 impl Application {
     /// Opens the store named by the settings (applying migrations) and binds the listener.
     /// Port 0 picks a free port; [`Application::port`] tells which.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let store = store::open(&settings).await?;
+        let store = store::open(&settings.store, settings.store_options()).await?;
         Self::with_store(settings, store)
     }
 
@@ -60,19 +57,12 @@ impl Application {
         .listen(listener)?
         .run();
 
-        let (stop_purge, stopped) = watch::channel(false);
-        let purge = tokio::spawn(purge_expired(
-            store.clone(),
-            settings.purge_grace,
-            settings.purge_interval,
-            stopped,
-        ));
+        let purge = Purge::start(store.clone(), settings.purge_grace, settings.purge_interval);
         Ok(Self {
             port,
             server,
             store,
             purge,
-            stop_purge,
         })
     }
 
@@ -92,31 +82,8 @@ impl Application {
     /// Serves until the server is stopped through its handle, then stops the purge task.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let served = self.server.await;
-        let _ = self.stop_purge.send(true);
-        let _ = self.purge.await;
+        self.purge.stop().await;
         tracing::info!("fencelock stopped");
         served.context("serving HTTP")
-    }
-}
-
-/// Deletes long-expired leases every `interval`, until told to stop.
-async fn purge_expired(
-    store: SharedStore,
-    grace: Duration,
-    interval: Duration,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut ticks = tokio::time::interval(interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = stop.changed() => return,
-            _ = ticks.tick() => {}
-        }
-        match store.purge_expired(grace).await {
-            Ok(0) => {}
-            Ok(purged) => tracing::info!(purged, "purged expired leases"),
-            Err(e) => tracing::warn!(error = %e, "purging expired leases failed; will retry"),
-        }
     }
 }

@@ -63,7 +63,7 @@ impl Docs {
 
 impl DemoServer {
     /// Binds `bind` and builds the app; `store_timeout` bounds every store call of every
-    /// request (see [`crate::docs::StoreSettings`]).
+    /// request (see [`crate::docs::StoreOptions`]).
     pub fn build(
         bind: SocketAddr,
         docs: SharedDocs,

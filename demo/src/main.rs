@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use fencelock::config::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
+use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
-use fencelock_demo::docs::{self, Guarding, StoreSettings};
+use fencelock_demo::docs::{self, Guarding};
 use fencelock_demo::story::{self, StoryOptions, Verdict};
 
 /// The fencelock demo: a protected store that uses the write guard, and the paused-worker
@@ -86,9 +87,9 @@ fn main() -> ExitCode {
                 store_timeout_ms,
                 no_guard,
             } => {
-                let settings = StoreSettings {
+                let settings = StoreOptions {
                     pool_size: usize::from(pool_size),
-                    store_timeout: Duration::from_millis(store_timeout_ms),
+                    timeout: Duration::from_millis(store_timeout_ms),
                 };
                 match serve(bind, database_url.as_deref(), guarding(no_guard), settings).await {
                     Ok(()) => ExitCode::SUCCESS,
@@ -140,10 +141,10 @@ async fn serve(
     bind: SocketAddr,
     url: Option<&str>,
     guarding: Guarding,
-    settings: StoreSettings,
+    settings: StoreOptions,
 ) -> anyhow::Result<()> {
     let docs = docs::open(url, guarding, settings).await?;
-    let server = DemoServer::build(bind, docs, settings.store_timeout)?;
+    let server = DemoServer::build(bind, docs, settings.timeout)?;
     tracing::info!(port = server.port(), ?guarding, "demo store serving");
     let handle = server.handle();
     actix_web::rt::spawn(async move {

@@ -11,13 +11,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use fencelock::client::Client;
-use fencelock::config::{Settings, StoreConfig};
+use fencelock::config::Settings;
 use fencelock::guard::FENCING_TOKEN;
 use fencelock::startup::Application;
+use fencelock::store::StoreConfig;
 use serde_json::{Value, json};
 
 use crate::app::DemoServer;
-use crate::docs::{self, Guarding, StoreSettings};
+use crate::docs::{self, Guarding};
+use fencelock::store::StoreOptions;
 
 pub struct StoryOptions {
     pub guarding: Guarding,
@@ -64,11 +66,11 @@ pub async fn run(options: StoryOptions) -> anyhow::Result<Verdict> {
         Some(url) => url.trim_end_matches('/').to_owned(),
         None => {
             let db = format!("sqlite://{}", scratch.path().join("docs.db").display());
-            let settings = StoreSettings::default();
+            let settings = StoreOptions::default();
             let server = DemoServer::build(
                 "127.0.0.1:0".parse()?,
                 docs::open(Some(&db), options.guarding, settings).await?,
-                settings.store_timeout,
+                settings.timeout,
             )?;
             let url = format!("http://127.0.0.1:{}", server.port());
             stops.push(server.handle());

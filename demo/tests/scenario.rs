@@ -2,10 +2,12 @@
 
 use std::process::{Command, Output};
 
-use fencelock::config::{Settings, StoreConfig};
+use fencelock::config::Settings;
 use fencelock::startup::Application;
+use fencelock::store::StoreConfig;
+use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
-use fencelock_demo::docs::{self, Guarding, StoreSettings};
+use fencelock_demo::docs::{self, Guarding};
 
 fn story(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fencelock-demo"))
@@ -58,13 +60,12 @@ fn story_runs_against_running_services() {
             let mut settings = Settings::for_store(StoreConfig::Sqlite(leases));
             settings.bind = "127.0.0.1:0".parse().unwrap();
             let lease_server = Application::build(settings).await.unwrap();
-            let settings = StoreSettings::default();
+            let settings = StoreOptions::default();
             let docs = docs::open(Some(&docs_url), Guarding::On, settings)
                 .await
                 .unwrap();
             let store =
-                DemoServer::build("127.0.0.1:0".parse().unwrap(), docs, settings.store_timeout)
-                    .unwrap();
+                DemoServer::build("127.0.0.1:0".parse().unwrap(), docs, settings.timeout).unwrap();
             ready
                 .send((
                     format!("http://127.0.0.1:{}", lease_server.port()),

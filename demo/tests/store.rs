@@ -4,8 +4,9 @@ use std::net::{SocketAddr, ToSocketAddrs as _};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
-use fencelock_demo::docs::{self, Guarding, StoreSettings};
+use fencelock_demo::docs::{self, Guarding};
 use fencelock_testkit::Proxy;
 use serde_json::{Value, json};
 
@@ -67,14 +68,14 @@ struct TestStore {
 
 impl TestStore {
     async fn spawn(kind: Kind, guarding: Guarding) -> Self {
-        Self::spawn_with(kind, guarding, StoreSettings::default(), None).await
+        Self::spawn_with(kind, guarding, StoreOptions::default(), None).await
     }
 
     /// With `via`, the store reaches PostgreSQL through that address (a [`Proxy`]).
     async fn spawn_with(
         kind: Kind,
         guarding: Guarding,
-        settings: StoreSettings,
+        settings: StoreOptions,
         via: Option<SocketAddr>,
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
@@ -106,7 +107,7 @@ impl TestStore {
                     .await
                     .expect("store opens");
                 let server =
-                    DemoServer::build("127.0.0.1:0".parse().unwrap(), docs, settings.store_timeout)
+                    DemoServer::build("127.0.0.1:0".parse().unwrap(), docs, settings.timeout)
                         .unwrap();
                 let _ = ready.send((server.port(), server.handle()));
                 let _ = server.run_until_stopped().await;
@@ -597,10 +598,10 @@ const SHORT_STORE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Generous slack over the store timeout for a loaded test machine; a hang is far longer.
 const MARGIN: Duration = Duration::from_secs(4);
 
-fn short_timeouts() -> StoreSettings {
-    StoreSettings {
-        store_timeout: SHORT_STORE_TIMEOUT,
-        ..StoreSettings::default()
+fn short_timeouts() -> StoreOptions {
+    StoreOptions {
+        timeout: SHORT_STORE_TIMEOUT,
+        ..StoreOptions::default()
     }
 }
 

@@ -5,7 +5,9 @@
 //! - [`sqlite::SqliteStore`], the embedded default: one file, a fence counter row, and the
 //!   server process's clock.
 
+mod config;
 pub mod postgres;
+pub mod purge;
 pub mod sqlite;
 
 use std::sync::Arc;
@@ -13,10 +15,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::config::{Settings, StoreConfig};
 use crate::domain::{
     AcquireOutcome, AcquireRequest, Lease, ReleaseOutcome, ReleaseRequest, RenewOutcome,
     RenewRequest, ResourceName,
+};
+pub use config::{
+    DEFAULT_POOL_SIZE, DEFAULT_SQLITE_FILE, DEFAULT_STORE_TIMEOUT_MS, StoreConfig, StoreOptions,
 };
 
 /// The store could not answer. Never used for an answer such as "held by another owner".
@@ -121,8 +125,22 @@ pub trait LeaseStore: Send + Sync + 'static {
         deadline: Deadline,
     ) -> Result<ReleaseOutcome, StoreError>;
 
-    /// Deletes leases that expired more than `grace` ago; returns how many.
-    async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError>;
+    /// Deletes at most `limit` leases that expired more than `grace` ago; returns how many.
+    async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError>;
+
+    /// Deletes every lease that expired more than `grace` ago, in batches of
+    /// [`purge::BATCH`] so that purging millions of one-off resources never holds one huge
+    /// transaction (nor, on SQLite, the write lock for long); returns how many.
+    async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError> {
+        let mut total = 0;
+        loop {
+            let deleted = self.purge_batch(grace, purge::BATCH).await?;
+            total += deleted;
+            if deleted < purge::BATCH {
+                return Ok(total);
+            }
+        }
+    }
 
     /// Succeeds when the store accepts a durable write (readiness): a store that can be read
     /// but not written is not ready to hand out leases.
@@ -139,14 +157,11 @@ pub type SharedStore = Arc<dyn LeaseStore>;
 /// An unreachable PostgreSQL is not fatal here: the server starts, answers `503` and `/readyz`
 /// stays `503` until the database answers, then migrates on first use. A SQLite file that
 /// cannot be opened is fatal, since nothing would change by waiting.
-pub async fn open(settings: &Settings) -> anyhow::Result<SharedStore> {
-    match &settings.store {
+pub async fn open(config: &StoreConfig, options: StoreOptions) -> anyhow::Result<SharedStore> {
+    match config {
         StoreConfig::Postgres(pg) => {
-            let store = postgres::PgStore::connect(
-                (**pg).clone(),
-                settings.pool_size,
-                settings.store_timeout,
-            )?;
+            let store =
+                postgres::PgStore::connect((**pg).clone(), options.pool_size, options.timeout)?;
             if let Err(e) = store.ensure_schema().await {
                 tracing::warn!(error = %e, "PostgreSQL is not available yet; serving 503 until it is");
             }

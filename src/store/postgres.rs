@@ -389,8 +389,6 @@ ON CONFLICT (id) DO UPDATE SET checked_at = EXCLUDED.checked_at";
 const READ_ONLY: &str =
     "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'";
 
-/// Batched so that purging millions of one-off resources never holds one huge transaction.
-const PURGE_BATCH: i64 = 10_000;
 const PURGE: &str = "
 DELETE FROM leases WHERE resource IN (
     SELECT resource FROM leases
@@ -528,21 +526,15 @@ impl LeaseStore for PgStore {
         })
     }
 
-    async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError> {
+    async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError> {
         let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let client = self.client().await?;
         let statement = client.prepare_cached(PURGE).await.map_err(classify)?;
-        let mut total = 0;
-        loop {
-            let deleted = client
-                .execute(&statement, &[&grace_ms, &PURGE_BATCH])
-                .await
-                .map_err(classify)?;
-            total += deleted;
-            if deleted < PURGE_BATCH as u64 {
-                return Ok(total);
-            }
-        }
+        client
+            .execute(&statement, &[&grace_ms, &limit])
+            .await
+            .map_err(classify)
     }
 
     /// A real write (the probe row), committed like a lease change: a standby, a

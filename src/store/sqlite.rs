@@ -36,8 +36,6 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BATCH: usize = 256;
 /// Queued operations beyond this wait in the request (back-pressure), not in memory.
 const QUEUE_DEPTH: usize = 4096;
-/// Rows one purge step deletes, so a large purge never blocks acquisitions for long.
-const PURGE_BATCH: i64 = 10_000;
 
 pub struct SqliteStore {
     jobs: mpsc::Sender<Box<dyn Job>>,
@@ -453,14 +451,14 @@ fn release(conn: &Connection, req: &ReleaseRequest) -> Result<ReleaseOutcome, St
     Ok(ReleaseOutcome::Released { fence: row.fence })
 }
 
-fn purge_step(conn: &Connection, grace: Duration) -> Result<u64, StoreError> {
+fn purge_batch(conn: &Connection, grace: Duration, limit: u64) -> Result<u64, StoreError> {
     let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
     let cutoff = now_ms().saturating_sub(grace_ms);
     conn.prepare_cached(
         "DELETE FROM leases WHERE resource IN
             (SELECT resource FROM leases WHERE expires_at < ?1 LIMIT ?2)",
     )
-    .and_then(|mut s| s.execute(params![cutoff, PURGE_BATCH]))
+    .and_then(|mut s| s.execute(params![cutoff, i64::try_from(limit).unwrap_or(i64::MAX)]))
     .map(|n| n as u64)
     .map_err(classify)
 }
@@ -502,15 +500,9 @@ impl LeaseStore for SqliteStore {
             .await
     }
 
-    async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError> {
-        let mut total = 0;
-        loop {
-            let deleted = self.call(None, move |conn| purge_step(conn, grace)).await?;
-            total += deleted;
-            if deleted < PURGE_BATCH as u64 {
-                return Ok(total);
-            }
-        }
+    async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError> {
+        self.call(None, move |conn| purge_batch(conn, grace, limit))
+            .await
     }
 
     /// A real write, committed like any lease change: a read-only file or file system, or a

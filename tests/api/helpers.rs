@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::ServerHandle;
-use fencelock::config::{Settings, StoreConfig};
+use fencelock::config::Settings;
 use fencelock::startup::Application;
 use fencelock::store::SharedStore;
+use fencelock::store::StoreConfig;
 use fencelock::store::postgres::PgConfig;
 use reqwest::{Client, Method, Response, StatusCode};
 use serde_json::{Value, json};

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use fencelock::config::{Settings, StoreConfig};
+use fencelock::config::Settings;
+use fencelock::store::StoreConfig;
 use fencelock::store::postgres::PgConfig;
 use fencelock_testkit::Proxy;
 use futures_util::StreamExt as _;

@@ -2,7 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use fencelock::config::{Settings, StoreConfig};
+use fencelock::config::Settings;
+use fencelock::store::StoreConfig;
 use fencelock_testkit::closed_port;
 use serde_json::{Value, json};
 

@@ -166,9 +166,8 @@ impl Drop for Tmpfs {
 async fn sqlite_full_disk_answers_503() {
     let disk = Tmpfs::mount("2m");
     let file = disk.path().join("fencelock.db");
-    let mut settings = fencelock::config::Settings::for_store(
-        fencelock::config::StoreConfig::Sqlite(file.clone()),
-    );
+    let mut settings =
+        fencelock::config::Settings::for_store(fencelock::store::StoreConfig::Sqlite(file.clone()));
     settings.bind = "127.0.0.1:0".parse().unwrap();
     let app = TestApp::spawn_with(TestDb::new(StoreKind::Sqlite).await, settings).await;
     app.acquire_ok("job:0", "a", TTL).await;

@@ -8,37 +8,17 @@ mod sqlite;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use fencelock::config::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS, StoreConfig};
 use fencelock::domain::{Fence, ResourceName};
 use fencelock::store::StoreError;
+use fencelock::store::{StoreConfig, StoreOptions};
 use serde::Serialize;
 use serde_json::Value;
 
 /// The SQLite file used when no database URL is given.
 pub const DEFAULT_SQLITE_FILE: &str = "fencelock-demo.db";
-
-/// How the demo store uses its database; the lease server's settings, with its defaults.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StoreSettings {
-    /// Most PostgreSQL connections (`--pool-size`).
-    pub pool_size: usize,
-    /// Longest a request waits for the store before answering `503 store-unavailable`; also
-    /// PostgreSQL's `statement_timeout` (`--store-timeout-ms`).
-    pub store_timeout: Duration,
-}
-
-impl Default for StoreSettings {
-    fn default() -> Self {
-        Self {
-            pool_size: usize::from(DEFAULT_POOL_SIZE),
-            store_timeout: Duration::from_millis(DEFAULT_STORE_TIMEOUT_MS),
-        }
-    }
-}
 
 /// Whether writes go through the fence check. `Off` exists only to show the damage fencing
 /// prevents.
@@ -185,11 +165,11 @@ pub type SharedDocs = Arc<dyn DocStore>;
 pub async fn open(
     url: Option<&str>,
     guarding: Guarding,
-    settings: StoreSettings,
+    settings: StoreOptions,
 ) -> anyhow::Result<SharedDocs> {
     let config = match url.map(str::trim).filter(|u| !u.is_empty()) {
         None => StoreConfig::Sqlite(PathBuf::from(DEFAULT_SQLITE_FILE)),
-        Some(url) => StoreConfig::from_url(Some(url))?,
+        Some(url) => StoreConfig::parse(url)?,
     };
     Ok(match config {
         StoreConfig::Postgres(pg) => {

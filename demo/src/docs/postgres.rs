@@ -3,14 +3,12 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use fencelock::domain::{Fence, ResourceName};
 use fencelock::guard::{self, Admission};
-use fencelock::store::StoreError;
 use fencelock::store::postgres::{PgConfig, classify, classify_pool};
+use fencelock::store::{StoreError, StoreOptions};
 use serde_json::Value;
 use tokio::sync::OnceCell;
 
-use super::{
-    Doc, DocStore, Guarding, Outcome, Page, Put, StoreSettings, WriteRecord, WritesPage, corrupt,
-};
+use super::{Doc, DocStore, Guarding, Outcome, Page, Put, WriteRecord, WritesPage, corrupt};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS docs (
@@ -45,17 +43,15 @@ impl PgDocs {
     pub async fn open(
         config: &PgConfig,
         guarding: Guarding,
-        settings: StoreSettings,
+        settings: StoreOptions,
     ) -> anyhow::Result<Self> {
-        let pool =
-            fencelock::store::postgres::pool(config, settings.pool_size, settings.store_timeout)?;
+        let pool = fencelock::store::postgres::pool(config, settings.pool_size, settings.timeout)?;
         let docs = Self {
             pool,
             guarding,
             schema: OnceCell::new(),
         };
-        let first_contact =
-            tokio::time::timeout(settings.store_timeout, docs.ensure_schema()).await;
+        let first_contact = tokio::time::timeout(settings.timeout, docs.ensure_schema()).await;
         match first_contact {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(
