@@ -94,7 +94,11 @@ impl SqliteStore {
 }
 
 /// Opens the file for the store: WAL, durable commits, a bounded wait for other processes.
-fn connect(path: &Path) -> anyhow::Result<Connection> {
+///
+/// Services beside the lease store (the demo's document store) open their SQLite files with
+/// it too, so their writes get the same durability settings; it fails if WAL mode does not
+/// take.
+pub fn connect(path: &Path) -> anyhow::Result<Connection> {
     let conn = Connection::open(path)
         .with_context(|| format!("opening SQLite database {}", path.display()))?;
     conn.busy_timeout(BUSY_TIMEOUT)?;

@@ -36,11 +36,7 @@ pub struct SqliteDocs {
 
 impl SqliteDocs {
     pub fn open(path: &Path, guarding: Guarding) -> anyhow::Result<Self> {
-        let conn = Connection::open(path)
-            .with_context(|| format!("opening SQLite database {}", path.display()))?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        let _: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
+        let conn = fencelock::store::sqlite::connect(path)?;
         conn.execute_batch(guard::sqlite::SCHEMA)?;
         conn.execute_batch(SCHEMA)?;
         Ok(Self {
