@@ -1,15 +1,62 @@
-//! Test support for fencelock and the services beside it. Used only by tests: nothing here
-//! knows about the lease server's internals, so any test (of the lease server, of the demo
-//! store, of a service using the guard) can use it against any TCP upstream.
+//! Test support for fencelock and the services beside it, shared by the lease server's
+//! integration tests (`tests/api`), the demo store's tests and the benchmark, so that each
+//! harness exists once. Used only by tests and benches (`publish = false`).
+//!
+//! It depends on `fencelock` itself: [`TestApp`] builds the real server with
+//! `startup::Application`, and [`TestDb`] hands out the lease store's `StoreConfig`. The
+//! storage and proxy parts know nothing of the lease server's internals, so a test of any
+//! service (the demo store, a service using the guard) can use them.
 //!
 //! # Layout
+//! - `storage`: fresh storage per test. [`StoreKind`]; [`admin_url`] (from
+//!   `FENCELOCK_TEST_DATABASE_URL`, where an unreachable PostgreSQL fails the test, never
+//!   skips it), [`admin`], [`pg_connect`], [`postgres_addr`]; [`TestDb`], a PostgreSQL
+//!   database or a SQLite file dropped with the value, with the operator's tools the tests use
+//!   behind the store's back (age a lease, count rows, set the fence counter, run SQL); and
+//!   [`RowLock`].
+//! - `server`: [`TestApp`], a lease server on port 0 over a [`TestDb`], with request helpers;
+//!   [`client`], [`assert_problem`], [`invalid_fields`], [`fence`] and [`TTL`].
+//! - [`contract!`]: runs rules written once, as `async fn rule(kind: StoreKind)`, against
+//!   both stores.
 //! - [`Proxy`]: a TCP proxy between a service and its upstream (PostgreSQL, a lease server)
 //!   that can freeze (a network partition: bytes stop, nothing is reset), thaw and cut.
 //! - [`closed_port`]: a local port nothing listens on, for "unreachable" tests.
 
 mod proxy;
+mod server;
+mod storage;
 
 pub use proxy::Proxy;
+pub use server::{TTL, TestApp, assert_problem, client, fence, invalid_fields};
+pub use storage::{RowLock, StoreKind, TestDb, admin, admin_url, pg_connect, postgres_addr};
+
+/// Instantiates rules for PostgreSQL and SQLite: each `rule`, an
+/// `async fn rule(kind: StoreKind)` in the calling module, becomes the tests
+/// `postgres::rule` and `sqlite::rule` on a multi-threaded runtime.
+///
+/// The caller depends on `tokio` with the `macros` and `rt-multi-thread` features, as
+/// `#[tokio::test]` requires.
+#[macro_export]
+macro_rules! contract {
+    ($($rule:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() {
+                    super::$rule($crate::StoreKind::Postgres).await
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() {
+                    super::$rule($crate::StoreKind::Sqlite).await
+                }
+            )*
+        }
+    };
+}
 
 /// A port on 127.0.0.1 that nothing listens on: connecting to it is refused at once.
 ///

@@ -8,40 +8,21 @@ use std::time::Duration;
 
 use fencelock::config::Settings;
 use fencelock::store::StoreConfig;
-use fencelock::store::postgres::PgConfig;
 use fencelock_testkit::Proxy;
 use futures_util::StreamExt as _;
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestApp, TestDb, admin_url, assert_problem, fence};
+use crate::helpers::{StoreKind, TTL, TestApp, TestDb, assert_problem, fence, postgres_addr};
 
 const STORE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// `url` with its host and port replaced by `127.0.0.1:port`.
-fn via_port(url: &str, port: u16) -> String {
-    let (scheme, rest) = url.split_once("://").expect("URL with a scheme");
-    let (userinfo, rest) = rest.rsplit_once('@').map_or(("", rest), |(u, r)| (u, r));
-    let path = rest.find('/').map_or("", |i| &rest[i..]);
-    let at = if userinfo.is_empty() { "" } else { "@" };
-    format!("{scheme}://{userinfo}{at}127.0.0.1:{port}{path}")
-}
 
 /// A statement held up in a network partition reaches PostgreSQL after its request was
 /// answered `503`: the database refuses it, and the acquisition never appears.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_refuses_a_write_that_arrives_after_its_503() {
     let db = TestDb::new(StoreKind::Postgres).await;
-    let TestDb::Postgres { name } = db.as_ref() else {
-        unreachable!()
-    };
-    let upstream = {
-        let pg = PgConfig::parse(&admin_url()).unwrap();
-        let port = pg.config.get_ports().first().copied().unwrap_or(5432);
-        format!("127.0.0.1:{port}").parse().unwrap()
-    };
-    let proxy = Proxy::start(upstream);
-    let mut url = via_port(&admin_url(), proxy.addr().port());
-    url = format!("{}/{name}", url.rsplit_once('/').unwrap().0);
+    let proxy = Proxy::start(postgres_addr());
+    let url = db.url_via(proxy.addr());
     let mut settings = Settings::for_store(StoreConfig::from_url(Some(&url)).unwrap());
     settings.bind = "127.0.0.1:0".parse().unwrap();
     settings.store_timeout = STORE_TIMEOUT;

@@ -7,15 +7,7 @@ use fencelock::store::StoreConfig;
 use fencelock_testkit::closed_port;
 use serde_json::{Value, json};
 
-use crate::helpers::{RowLock, StoreKind, TTL, TestApp, TestDb, admin_url, assert_problem, fence};
-
-async fn admin() -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&admin_url(), tokio_postgres::NoTls)
-        .await
-        .expect("admin connection");
-    tokio::spawn(connection);
-    client
-}
+use crate::helpers::{RowLock, StoreKind, TTL, TestApp, TestDb, admin, assert_problem, fence};
 
 async fn assert_unavailable(response: reqwest::Response) {
     assert!(

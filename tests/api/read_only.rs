@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use reqwest::Response;
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestApp, TestDb, admin_url, assert_problem};
+use crate::helpers::{StoreKind, TTL, TestApp, TestDb, admin, assert_problem};
 use crate::process::ServerProcess;
 
 async fn assert_refused_write(response: Response) -> Value {
@@ -263,12 +263,4 @@ async fn postgres_read_only_database_answers_503() {
         .unwrap();
     await_ready(&app).await;
     app.acquire_ok("job:2", "b", TTL).await;
-}
-
-async fn admin() -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&admin_url(), tokio_postgres::NoTls)
-        .await
-        .expect("admin connection");
-    tokio::spawn(connection);
-    client
 }

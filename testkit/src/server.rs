@@ -1,0 +1,223 @@
+//! A real fencelock server on port 0, in its own thread and actix system (as separate from
+//! the test as another process would be), over a [`TestDb`], with typed request helpers and
+//! the assertions every HTTP test makes about problem answers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use fencelock::config::Settings;
+use fencelock::startup::Application;
+use fencelock::store::SharedStore;
+use reqwest::{Client, Method, Response, StatusCode};
+use serde_json::{Value, json};
+
+use crate::storage::{StoreKind, TestDb};
+
+/// The TTL tests use when the TTL itself does not matter: long enough that no lease expires
+/// by itself during a test, however slow the machine. Expiry is always made on purpose, by
+/// ageing the row in the store (see [`TestDb::age`]).
+pub const TTL: i64 = 60;
+
+/// A running server and a client for it. Dropping it stops the server.
+pub struct TestApp {
+    pub address: String,
+    pub client: Client,
+    pub db: Arc<TestDb>,
+    /// The server's own store handle, for operations with no HTTP route (purge).
+    pub store: SharedStore,
+    server: Option<(ServerHandle, std::thread::JoinHandle<()>)>,
+}
+
+impl TestApp {
+    pub async fn spawn(kind: StoreKind) -> Self {
+        Self::spawn_on(TestDb::new(kind).await, |_| {}).await
+    }
+
+    /// Another instance on the same storage, or one with changed settings.
+    pub async fn spawn_on(
+        db: Arc<TestDb>,
+        tweak: impl FnOnce(&mut Settings) + Send + 'static,
+    ) -> Self {
+        let mut settings = Settings::for_store(db.store_config());
+        settings.bind = "127.0.0.1:0".parse().expect("address");
+        tweak(&mut settings);
+        Self::spawn_with(db, settings).await
+    }
+
+    pub async fn spawn_with(db: Arc<TestDb>, settings: Settings) -> Self {
+        init_logging();
+        let (ready, built) = tokio::sync::oneshot::channel();
+        let thread = std::thread::spawn(move || {
+            actix_web::rt::System::new().block_on(async move {
+                match Application::build(settings).await {
+                    Ok(app) => {
+                        let _ = ready.send(Ok((app.port(), app.handle(), app.store())));
+                        if let Err(e) = app.run_until_stopped().await {
+                            eprintln!("test server failed: {e:#}");
+                        }
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                    }
+                }
+            });
+        });
+        let (port, handle, store) = built
+            .await
+            .expect("the server thread answers")
+            .unwrap_or_else(|e| panic!("the server builds: {e:#}"));
+        Self {
+            address: format!("http://127.0.0.1:{port}"),
+            client: client(),
+            db,
+            store,
+            server: Some((handle, thread)),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: Option<&str>,
+        body: impl Into<reqwest::Body>,
+    ) -> Response {
+        let mut request = self.client.request(method, self.url(path)).body(body);
+        if let Some(ct) = content_type {
+            request = request.header("content-type", ct);
+        }
+        request.send().await.expect("request reaches the server")
+    }
+
+    pub async fn json(&self, method: Method, path: &str, body: &Value) -> Response {
+        self.send(method, path, Some("application/json"), body.to_string())
+            .await
+    }
+
+    pub async fn get(&self, path: &str) -> Response {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await
+            .expect("request reaches the server")
+    }
+
+    pub async fn acquire(&self, resource: &str, owner: &str, ttl: i64) -> Response {
+        self.json(
+            Method::POST,
+            &format!("/locks/{resource}"),
+            &json!({ "owner": owner, "ttl_seconds": ttl }),
+        )
+        .await
+    }
+
+    /// Acquires and asserts success; returns the `lock` object.
+    pub async fn acquire_ok(&self, resource: &str, owner: &str, ttl: i64) -> Value {
+        let response = self.acquire(resource, owner, ttl).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let body: Value = response.json().await.expect("JSON body");
+        assert_eq!(body["acquired"], json!(true), "not acquired: {body}");
+        body["lock"].clone()
+    }
+
+    pub async fn inspect(&self, resource: &str) -> Response {
+        self.get(&format!("/locks/{resource}")).await
+    }
+
+    pub async fn renew(&self, resource: &str, body: Value) -> Response {
+        self.json(Method::POST, &format!("/locks/{resource}/renew"), &body)
+            .await
+    }
+
+    pub async fn release(&self, resource: &str, body: Value) -> Response {
+        self.json(Method::DELETE, &format!("/locks/{resource}"), &body)
+            .await
+    }
+
+    pub async fn release_by_post(&self, resource: &str, body: Value) -> Response {
+        self.json(Method::POST, &format!("/locks/{resource}/release"), &body)
+            .await
+    }
+
+    /// The live lease's fence as GET reports it.
+    pub async fn fence_of(&self, resource: &str) -> i64 {
+        let response = self.inspect(resource).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        fence(&response.json::<Value>().await.expect("JSON body"))
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some((handle, thread)) = self.server.take() {
+            let _ = std::thread::spawn(move || block_on(handle.stop(false))).join();
+            let _ = thread.join();
+        }
+    }
+}
+
+fn block_on<F: Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(future)
+}
+
+/// An HTTP client for test servers: no system proxy, and a timeout so that a hung server
+/// fails the test instead of stalling it.
+pub fn client() -> Client {
+    Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("HTTP client")
+}
+
+fn init_logging() {
+    if std::env::var_os("TEST_LOG").is_some() {
+        fencelock::telemetry::init(fencelock::config::LogFormat::Text);
+    }
+}
+
+/// The integer `fence` of a `lock` object (or of a whole inspect body).
+pub fn fence(lock: &Value) -> i64 {
+    lock["fence"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no integer fence in {lock}"))
+}
+
+/// Asserts an RFC 9457 problem with the given status and type; returns its body.
+pub async fn assert_problem(response: Response, status: u16, kind: &str) -> Value {
+    assert_eq!(response.status().as_u16(), status, "status");
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let path = response.url().path().to_owned();
+    let body: Value = response.json().await.expect("problem body is JSON");
+    assert_eq!(content_type, "application/problem+json", "{body}");
+    assert_eq!(body["type"], json!(kind), "{body}");
+    assert_eq!(body["status"], json!(status), "{body}");
+    assert!(body["title"].is_string(), "{body}");
+    assert!(body["detail"].is_string(), "{body}");
+    assert_eq!(body["instance"], json!(path), "{body}");
+    body
+}
+
+/// The fields a 422 names.
+pub fn invalid_fields(problem: &Value) -> Vec<String> {
+    problem["errors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no errors list in {problem}"))
+        .iter()
+        .map(|e| e["field"].as_str().expect("field name").to_owned())
+        .collect()
+}
