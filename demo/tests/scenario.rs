@@ -4,10 +4,10 @@ use std::process::{Command, Output};
 
 use fencelock::config::Settings;
 use fencelock::startup::Application;
-use fencelock::store::StoreConfig;
 use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
 use fencelock_demo::docs::{self, Guarding};
+use fencelock_testkit::TestDb;
 
 fn story(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fencelock-demo"))
@@ -51,13 +51,12 @@ fn unguarded_story_shows_the_overwrite() {
 /// `--lease-url`/`--store-url` point the story at running services.
 #[test]
 fn story_runs_against_running_services() {
-    let dir = tempfile::tempdir().unwrap();
-    let leases = dir.path().join("leases.db");
-    let docs_url = format!("sqlite://{}", dir.path().join("docs.db").display());
+    let (leases, docs_db) = (TestDb::sqlite(), TestDb::sqlite());
+    let (lease_config, docs_url) = (leases.store_config(), docs_db.url());
     let (ready, urls) = std::sync::mpsc::channel();
     let services = std::thread::spawn(move || {
         actix_web::rt::System::new().block_on(async move {
-            let mut settings = Settings::for_store(StoreConfig::Sqlite(leases));
+            let mut settings = Settings::for_store(lease_config);
             settings.bind = "127.0.0.1:0".parse().unwrap();
             let lease_server = Application::build(settings).await.unwrap();
             let settings = StoreOptions::default();

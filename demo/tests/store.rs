@@ -1,104 +1,39 @@
 //! The demo store over real HTTP, on PostgreSQL and SQLite: the write guard's rules.
 
-use std::net::{SocketAddr, ToSocketAddrs as _};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
 use fencelock_demo::docs::{self, Guarding};
-use fencelock_testkit::Proxy;
+use fencelock_testkit::{Proxy, StoreKind, TestDb, contract, postgres_addr};
 use serde_json::{Value, json};
-
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Postgres,
-    Sqlite,
-}
-
-fn admin_url() -> String {
-    std::env::var("FENCELOCK_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
-async fn admin() -> tokio_postgres::Client {
-    let url = admin_url();
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL for tests is not reachable at {url}: {e}"));
-    tokio::spawn(connection);
-    client
-}
-
-/// The address of the test PostgreSQL server, for a proxy in front of it.
-fn postgres_addr() -> SocketAddr {
-    let config: tokio_postgres::Config = admin_url().parse().unwrap();
-    let host = match &config.get_hosts()[0] {
-        tokio_postgres::config::Host::Tcp(host) => host.clone(),
-        #[cfg(unix)]
-        tokio_postgres::config::Host::Unix(path) => {
-            panic!("a proxy needs PostgreSQL over TCP, not {}", path.display())
-        }
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    (host.as_str(), port)
-        .to_socket_addrs()
-        .unwrap()
-        .next()
-        .unwrap()
-}
-
-/// `postgres://user@host:port` with the host and port replaced by `addr`.
-fn server_url_via(server: &str, addr: SocketAddr) -> String {
-    let (scheme, rest) = server.split_once("://").unwrap();
-    match rest.rsplit_once('@') {
-        Some((userinfo, _)) => format!("{scheme}://{userinfo}@{addr}"),
-        None => format!("{scheme}://{addr}"),
-    }
-}
 
 /// A demo store on fresh storage, stopped and dropped with this value.
 struct TestStore {
     address: String,
     http: reqwest::Client,
     handle: Option<(actix_web::dev::ServerHandle, std::thread::JoinHandle<()>)>,
-    database: Option<String>,
-    dir: tempfile::TempDir,
+    db: Arc<TestDb>,
 }
 
 impl TestStore {
-    async fn spawn(kind: Kind, guarding: Guarding) -> Self {
+    async fn spawn(kind: StoreKind, guarding: Guarding) -> Self {
         Self::spawn_with(kind, guarding, StoreOptions::default(), None).await
     }
 
     /// With `via`, the store reaches PostgreSQL through that address (a [`Proxy`]).
     async fn spawn_with(
-        kind: Kind,
+        kind: StoreKind,
         guarding: Guarding,
         settings: StoreOptions,
         via: Option<SocketAddr>,
     ) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let (url, database) = match kind {
-            Kind::Sqlite => (
-                format!("sqlite://{}", dir.path().join("docs.db").display()),
-                None,
-            ),
-            Kind::Postgres => {
-                let name = format!("fencelock_demo_test_{:016x}", fastrand::u64(..));
-                admin()
-                    .await
-                    .batch_execute(&format!("CREATE DATABASE {name}"))
-                    .await
-                    .unwrap();
-                let base = admin_url();
-                let (server, _) = base.rsplit_once('/').unwrap();
-                let server = match via {
-                    Some(addr) => server_url_via(server, addr),
-                    None => server.to_owned(),
-                };
-                (format!("{server}/{name}"), Some(name))
-            }
+        let db = TestDb::new(kind).await;
+        let url = match via {
+            Some(addr) => db.url_via(addr),
+            None => db.url(),
         };
         let (ready, built) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
@@ -116,31 +51,15 @@ impl TestStore {
         let (port, handle) = built.await.expect("demo store starts");
         Self {
             address: format!("http://127.0.0.1:{port}"),
-            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            http: fencelock_testkit::client(),
             handle: Some((handle, thread)),
-            database,
-            dir,
+            db,
         }
     }
 
     /// Runs `sql` on the store's own database, beside the store.
     async fn sabotage(&self, sql: &str) {
-        match &self.database {
-            Some(name) => {
-                let base = admin_url();
-                let (server, _) = base.rsplit_once('/').unwrap();
-                let (client, connection) =
-                    tokio_postgres::connect(&format!("{server}/{name}"), tokio_postgres::NoTls)
-                        .await
-                        .unwrap();
-                tokio::spawn(connection);
-                client.batch_execute(sql).await.unwrap();
-            }
-            None => rusqlite::Connection::open(self.dir.path().join("docs.db"))
-                .unwrap()
-                .execute_batch(sql)
-                .unwrap(),
-        }
+        self.db.execute(sql).await;
     }
 
     async fn put(&self, key: &str, fence: Option<&str>, body: &Value) -> reqwest::Response {
@@ -189,21 +108,7 @@ impl Drop for TestStore {
             .join();
             let _ = thread.join();
         }
-        if let Some(name) = self.database.take() {
-            let _ = std::thread::spawn(move || {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap()
-                    .block_on(async move {
-                        admin()
-                            .await
-                            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                            .await
-                    })
-            })
-            .join();
-        }
+        // The storage goes with the last reference to `db`, after the server has stopped.
     }
 }
 
@@ -218,26 +123,9 @@ async fn problem(response: reqwest::Response, status: u16, kind: &str) -> Value 
     body
 }
 
-macro_rules! both_stores {
-    ($($rule:ident),* $(,)?) => {
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $rule() { super::$rule(super::Kind::Postgres).await }
-            )*
-        }
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $rule() { super::$rule(super::Kind::Sqlite).await }
-            )*
-        }
-    };
-}
-
 /// Equal and greater fences are applied; a lower one is rejected with `current_fence`,
 /// writes nothing, and stays visible in the write log.
-async fn guard_orders_writes_by_fence(kind: Kind) {
+async fn guard_orders_writes_by_fence(kind: StoreKind) {
     let store = TestStore::spawn(kind, Guarding::On).await;
     let applied = store.put("doc:1", Some("5"), &json!({ "by": "a" })).await;
     assert_eq!(applied.status(), 200);
@@ -288,14 +176,14 @@ async fn guard_orders_writes_by_fence(kind: Kind) {
 }
 
 /// Keys are independent: a high fence on one key does not block another.
-async fn keys_are_guarded_separately(kind: Kind) {
+async fn keys_are_guarded_separately(kind: StoreKind) {
     let store = TestStore::spawn(kind, Guarding::On).await;
     assert_eq!(store.put("a", Some("100"), &json!(1)).await.status(), 200);
     assert_eq!(store.put("b", Some("1"), &json!(2)).await.status(), 200);
 }
 
 /// Missing header: `428`; anything but a positive integer: `400`.
-async fn fencing_token_is_required_and_checked(kind: Kind) {
+async fn fencing_token_is_required_and_checked(kind: StoreKind) {
     let store = TestStore::spawn(kind, Guarding::On).await;
     problem(
         store.put("doc:1", None, &json!(1)).await,
@@ -316,7 +204,7 @@ async fn fencing_token_is_required_and_checked(kind: Kind) {
 }
 
 /// Any JSON value is a document; bodies follow the same rules as the lease server.
-async fn any_json_value_is_stored(kind: Kind) {
+async fn any_json_value_is_stored(kind: StoreKind) {
     let store = TestStore::spawn(kind, Guarding::On).await;
     let values = [
         json!(null),
@@ -359,7 +247,7 @@ async fn any_json_value_is_stored(kind: Kind) {
 
 /// Many writers with mixed fences, many rounds: the document always ends with the value of
 /// the highest fence, and applied fences never go down in the log.
-async fn concurrent_writers_leave_the_highest_fence(kind: Kind) {
+async fn concurrent_writers_leave_the_highest_fence(kind: StoreKind) {
     let store = Arc::new(TestStore::spawn(kind, Guarding::On).await);
     for round in 0..8 {
         let key = format!("race-{round}");
@@ -414,7 +302,7 @@ async fn concurrent_writers_leave_the_highest_fence(kind: Kind) {
 }
 
 /// With the guard off a late, lower fence overwrites: the damage fencing prevents.
-async fn without_the_guard_late_writes_win(kind: Kind) {
+async fn without_the_guard_late_writes_win(kind: StoreKind) {
     let store = TestStore::spawn(kind, Guarding::Off).await;
     assert_eq!(
         store.put("doc:1", Some("9"), &json!("b")).await.status(),
@@ -429,7 +317,7 @@ async fn without_the_guard_late_writes_win(kind: Kind) {
 
 /// A bug (here: a schema the store's statements no longer fit) is a `500 internal`, not a
 /// `503`: retrying would not help, and the caller must not be told to.
-async fn a_broken_schema_is_a_500_not_a_503(kind: Kind) {
+async fn a_broken_schema_is_a_500_not_a_503(kind: StoreKind) {
     let store = TestStore::spawn(kind, Guarding::On).await;
     assert_eq!(store.put("doc:1", Some("1"), &json!(1)).await.status(), 200);
     store
@@ -482,7 +370,7 @@ async fn all_pages(store: &TestStore, key: &str, limit: usize) -> (Vec<Value>, u
 /// `GET /docs/{key}/writes` pages through the log: every write exactly once, oldest first,
 /// whatever the page size; `next` is `null` on the last page, which is never an empty page
 /// after a full one; other keys' writes never appear.
-async fn the_write_log_is_paged(kind: Kind) {
+async fn the_write_log_is_paged(kind: StoreKind) {
     let store = TestStore::spawn(kind, Guarding::On).await;
     for fence in 1..=250 {
         // Every tenth write is late, so rejected entries are paged too.
@@ -536,7 +424,7 @@ async fn the_write_log_is_paged(kind: Kind) {
 
 /// A bad `limit` or `after`, a repeated or unknown parameter: `422 validation-failed`
 /// naming the parameter, before the store is asked.
-async fn bad_page_parameters_are_422(kind: Kind) {
+async fn bad_page_parameters_are_422(kind: StoreKind) {
     let store = TestStore::spawn(kind, Guarding::On).await;
     assert_eq!(store.put("doc:1", Some("1"), &json!(1)).await.status(), 200);
     let cases = [
@@ -581,7 +469,7 @@ async fn bad_page_parameters_are_422(kind: Kind) {
     assert_eq!(named, ["key", "limit"]);
 }
 
-both_stores!(
+contract!(
     the_write_log_is_paged,
     bad_page_parameters_are_422,
     guard_orders_writes_by_fence,
@@ -652,7 +540,7 @@ async fn heals(mut send: impl AsyncFnMut() -> reqwest::Response, what: &str) -> 
 async fn partition_answers_503_within_the_store_timeout_then_heals() {
     let proxy = Proxy::start(postgres_addr());
     let store = TestStore::spawn_with(
-        Kind::Postgres,
+        StoreKind::Postgres,
         Guarding::On,
         short_timeouts(),
         Some(proxy.addr()),
@@ -704,7 +592,7 @@ async fn store_starts_without_postgres_and_serves_once_it_answers() {
     let proxy = Proxy::start(postgres_addr());
     proxy.cut();
     let store = TestStore::spawn_with(
-        Kind::Postgres,
+        StoreKind::Postgres,
         Guarding::On,
         short_timeouts(),
         Some(proxy.addr()),
