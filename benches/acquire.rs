@@ -7,7 +7,8 @@
 //!
 //! Knobs: `BENCH_CLIENTS` (concurrent clients, default 64), `BENCH_SECONDS` (default 10),
 //! `FENCELOCK_TEST_DATABASE_URL` (PostgreSQL admin URL, as for the tests). Prints figures;
-//! it asserts nothing.
+//! it asserts nothing. The storage is the tests' [`TestDb`]: it is dropped when the bench
+//! ends, also when it panics.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use fencelock::config::Settings;
 use fencelock::startup::Application;
-use fencelock::store::StoreConfig;
+use fencelock_testkit::{StoreKind, TestDb};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -24,38 +25,19 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-fn admin_url() -> String {
-    std::env::var("FENCELOCK_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
-async fn admin_execute(sql: &str) {
-    let (client, connection) = tokio_postgres::connect(&admin_url(), tokio_postgres::NoTls)
-        .await
-        .expect("PostgreSQL admin connection");
-    tokio::spawn(connection);
-    client.batch_execute(sql).await.expect("admin statement");
-}
-
 fn main() {
     let store = std::env::var("BENCH_STORE").unwrap_or_else(|_| "sqlite".to_owned());
     let clients: usize = env_or("BENCH_CLIENTS", 64);
     let seconds: u64 = env_or("BENCH_SECONDS", 10);
-    let scratch = tempfile::tempdir().expect("scratch directory");
-    let database = format!("fencelock_bench_{:016x}", fastrand::u64(..));
+    let kind = match store.as_str() {
+        "postgres" => StoreKind::Postgres,
+        _ => StoreKind::Sqlite,
+    };
 
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let config = match store.as_str() {
-        "postgres" => {
-            runtime.block_on(admin_execute(&format!("CREATE DATABASE {database}")));
-            let (server, _) = admin_url()
-                .rsplit_once('/')
-                .map(|(s, d)| (s.to_owned(), d.to_owned()))
-                .expect("URL with a path");
-            StoreConfig::from_url(Some(&format!("{server}/{database}"))).expect("URL")
-        }
-        _ => StoreConfig::Sqlite(scratch.path().join("bench.db")),
-    };
+    // Dropped last, after the server has stopped, or while unwinding from a panic.
+    let db = runtime.block_on(TestDb::new(kind));
+    let config = db.store_config();
 
     let (ready, built) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || {
@@ -99,11 +81,6 @@ fn main() {
 
     runtime.block_on(handle.stop(true));
     server.join().expect("server thread");
-    if store == "postgres" {
-        runtime.block_on(admin_execute(&format!(
-            "DROP DATABASE IF EXISTS {database} WITH (FORCE)"
-        )));
-    }
 }
 
 /// `clients` tasks acquire a fresh resource and release it, as fast as they can.
