@@ -57,6 +57,13 @@ impl TestStore {
         }
     }
 
+    /// A guarded store on a fresh PostgreSQL database that it reaches through `proxy`, with
+    /// [`short_timeouts`].
+    async fn behind(proxy: &Proxy) -> Self {
+        let via = Some(proxy.addr());
+        Self::spawn_with(StoreKind::Postgres, Guarding::On, short_timeouts(), via).await
+    }
+
     /// Runs `sql` on the store's own database, beside the store.
     async fn sabotage(&self, sql: &str) {
         self.db.execute(sql).await;
@@ -539,13 +546,7 @@ async fn heals(mut send: impl AsyncFnMut() -> reqwest::Response, what: &str) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_answers_503_within_the_store_timeout_then_heals() {
     let proxy = Proxy::start(postgres_addr());
-    let store = TestStore::spawn_with(
-        StoreKind::Postgres,
-        Guarding::On,
-        short_timeouts(),
-        Some(proxy.addr()),
-    )
-    .await;
+    let store = TestStore::behind(&proxy).await;
     assert_eq!(
         store
             .put("doc:1", Some("1"), &json!("before"))
@@ -591,13 +592,7 @@ async fn partition_answers_503_within_the_store_timeout_then_heals() {
 async fn store_starts_without_postgres_and_serves_once_it_answers() {
     let proxy = Proxy::start(postgres_addr());
     proxy.cut();
-    let store = TestStore::spawn_with(
-        StoreKind::Postgres,
-        Guarding::On,
-        short_timeouts(),
-        Some(proxy.addr()),
-    )
-    .await;
+    let store = TestStore::behind(&proxy).await;
     assert_unavailable(answered_in_time(store.put("doc:1", Some("1"), &json!(1)), "a write").await)
         .await;
     assert_unavailable(answered_in_time(store.get("/docs/doc:1"), "a read").await).await;
