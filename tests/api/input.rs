@@ -3,7 +3,7 @@
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestApp, assert_problem, invalid_fields};
+use crate::helpers::{StoreKind, TTL, TestApp, assert_problem, assert_raw_problem, invalid_fields};
 
 /// ttl 0, negative, string, float, bool, null, 1e300, i64::MAX, above the maximum, missing.
 async fn invalid_ttls_are_422(kind: StoreKind) {
@@ -497,7 +497,38 @@ async fn odd_requests_never_get_a_500(kind: StoreKind) {
     }
 }
 
+/// `.` and `..` are dot segments to HTTP clients (`/locks/./renew` becomes `/locks/renew`),
+/// so they are no resource names: `422`, whether sent literally or percent-encoded.
+async fn dot_segments_are_not_resource_names(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let lease = json!({ "owner": "a", "ttl_seconds": TTL });
+    let owner = json!({ "owner": "a" });
+    for name in [".", "..", "%2E", "%2e%2E"] {
+        for (path, body) in [
+            (format!("/locks/{name}"), &lease),
+            (format!("/locks/{name}/renew"), &lease),
+            (format!("/locks/{name}/release"), &owner),
+        ] {
+            let literal = format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.to_string().len()
+            );
+            let problem =
+                assert_raw_problem(&app.raw(literal.as_bytes()).await, 422, "validation-failed");
+            assert_eq!(invalid_fields(&problem), ["resource"], "{path}");
+        }
+        let inspect = format!("GET /locks/{name} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        assert_raw_problem(&app.raw(inspect.as_bytes()).await, 422, "validation-failed");
+    }
+    // Names that merely contain dots are ordinary names.
+    for name in ["...", ".a", "a..b"] {
+        app.acquire_ok(name, "a", TTL).await;
+    }
+}
+
 contract!(
+    dot_segments_are_not_resource_names,
     invalid_ttls_are_422,
     ttl_bounds_are_inclusive,
     configured_max_ttl_applies,
