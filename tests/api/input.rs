@@ -527,7 +527,113 @@ async fn dot_segments_are_not_resource_names(kind: StoreKind) {
     }
 }
 
+/// A number of any size or precision in a field is that field's `422`: valid JSON is never a
+/// `400`, however large its numbers.
+async fn numbers_beyond_float_range_are_422(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let digits = "9".repeat(400);
+    let negative = format!("-{digits}");
+    let precise = format!("1.{digits}");
+    for number in ["1e400", "-1e400", "1E+999", &digits, &negative, &precise] {
+        let cases = [
+            (
+                "/locks/job:1",
+                format!(r#"{{"owner":"a","ttl_seconds":{number}}}"#),
+                "ttl_seconds",
+            ),
+            (
+                "/locks/job:1/renew",
+                format!(r#"{{"owner":"a","ttl_seconds":{number}}}"#),
+                "ttl_seconds",
+            ),
+            (
+                "/locks/job:1/renew",
+                format!(r#"{{"owner":"a","ttl_seconds":60,"fence":{number}}}"#),
+                "fence",
+            ),
+            (
+                "/locks/job:1/release",
+                format!(r#"{{"owner":"a","fence":{number}}}"#),
+                "fence",
+            ),
+            (
+                "/locks/job:1",
+                format!(r#"{{"owner":{number},"ttl_seconds":60}}"#),
+                "owner",
+            ),
+            // In an unknown field it is just an unknown field.
+            (
+                "/locks/job:1",
+                format!(r#"{{"owner":"a","ttl_seconds":60,"ttl":{number}}}"#),
+                "ttl",
+            ),
+        ];
+        for (path, body, field) in cases {
+            let response = app
+                .send(Method::POST, path, Some("application/json"), body)
+                .await;
+            let problem = assert_problem(response, 422, "validation-failed").await;
+            assert_eq!(invalid_fields(&problem), [field], "{path} {field} {number}");
+            let message = problem["errors"][0]["message"].as_str().unwrap();
+            assert!(
+                message.len() < 200,
+                "the message quotes the number whole: {message}"
+            );
+        }
+    }
+    // Nothing was taken along the way.
+    assert_problem(app.inspect("job:1").await, 404, "not-found").await;
+}
+
+/// A body in any content coding but `identity` is `415`, checked before size and syntax.
+async fn content_encoded_bodies_are_415(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let valid = json!({ "owner": "a", "ttl_seconds": TTL }).to_string();
+    let oversized = format!("{valid}{}", " ".repeat(20 * 1024));
+    for coding in ["gzip", "deflate", "br", "x-gzip", "GZIP", "identity, gzip"] {
+        for body in [
+            valid.as_str(),
+            oversized.as_str(),
+            "not json",
+            "\u{1f}\u{8b}\u{8}",
+        ] {
+            for (method, path) in [
+                (Method::POST, "/locks/job:1"),
+                (Method::POST, "/locks/job:1/renew"),
+                (Method::DELETE, "/locks/job:1"),
+                (Method::POST, "/locks/job:1/release"),
+            ] {
+                let response = app
+                    .client
+                    .request(method, app.url(path))
+                    .header("content-type", "application/json")
+                    .header("content-encoding", coding)
+                    .body(body.to_owned())
+                    .send()
+                    .await
+                    .expect("request reaches the server");
+                assert_problem(response, 415, "unsupported-media-type").await;
+            }
+        }
+    }
+    assert_problem(app.inspect("job:1").await, 404, "not-found").await;
+    for coding in ["identity", "IDENTITY"] {
+        let response = app
+            .client
+            .post(app.url("/locks/job:1"))
+            .header("content-type", "application/json")
+            .header("content-encoding", coding)
+            .body(valid.clone())
+            .send()
+            .await
+            .expect("request reaches the server");
+        assert_eq!(response.status(), 200, "{coding}");
+    }
+}
+
 contract!(
+    numbers_beyond_float_range_are_422,
+    content_encoded_bodies_are_415,
     dot_segments_are_not_resource_names,
     invalid_ttls_are_422,
     ttl_bounds_are_inclusive,
