@@ -9,6 +9,7 @@
 //! is valid JSON whose only fault is its size, a `422` like any other out-of-range value.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use actix_web::HttpRequest;
 use actix_web::http::header;
@@ -22,6 +23,21 @@ use crate::problem::{ApiError, FieldError};
 
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// Longest a request body may take to arrive once its handler starts reading it; an app sets
+/// it with `App::app_data`, else the default of `--request-timeout-ms` holds. Without it a
+/// client sending one byte every few seconds would hold its connection (and a file handle)
+/// for ever.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestTimeout(pub Duration);
+
+impl Default for RequestTimeout {
+    fn default() -> Self {
+        Self(Duration::from_millis(
+            crate::config::DEFAULT_REQUEST_TIMEOUT_MS,
+        ))
+    }
+}
 
 /// The fields of a JSON object body, each as its raw JSON text, ordered by name.
 pub type Object = BTreeMap<String, Box<RawValue>>;
@@ -114,8 +130,19 @@ async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<Bytes
             limit: MAX_BODY_BYTES,
         });
     }
+    let limit = req
+        .app_data::<RequestTimeout>()
+        .copied()
+        .unwrap_or_default()
+        .0;
+    let deadline = tokio::time::Instant::now() + limit;
     let mut body = BytesMut::new();
-    while let Some(chunk) = payload.next().await {
+    loop {
+        let chunk = match tokio::time::timeout_at(deadline, payload.next()).await {
+            Err(_) => return Err(ApiError::RequestTimeout { limit }),
+            Ok(None) => break,
+            Ok(Some(chunk)) => chunk,
+        };
         let chunk =
             chunk.map_err(|e| ApiError::Malformed(format!("could not read the body: {e}")))?;
         if body.len() + chunk.len() > MAX_BODY_BYTES {

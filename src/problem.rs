@@ -58,6 +58,8 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("{0}")]
     UnsupportedMediaType(String),
+    #[error("the request body did not arrive within {} ms", .limit.as_millis())]
+    RequestTimeout { limit: std::time::Duration },
     #[error("{method} is not allowed here; allowed: {allow}")]
     MethodNotAllowed { method: String, allow: &'static str },
     #[error("the lease store is unavailable; retry shortly")]
@@ -85,6 +87,7 @@ impl ApiError {
             Self::UnsupportedMediaType(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type")
             }
+            Self::RequestTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, "request-timeout"),
             Self::Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation-failed"),
             Self::FencingTokenRequired(_) => {
                 (StatusCode::PRECONDITION_REQUIRED, "fencing-token-required")
@@ -124,6 +127,11 @@ impl ApiError {
             }
             Self::MethodNotAllowed { allow, .. } => {
                 response.insert_header((header::ALLOW, HeaderValue::from_static(allow)));
+            }
+            // The rest of a body that is late may still be on its way; the connection cannot
+            // carry another request, and must not stay open for the slow client.
+            Self::RequestTimeout { .. } => {
+                response.force_close();
             }
             _ => {}
         }
@@ -227,6 +235,13 @@ mod tests {
                 ApiError::UnsupportedMediaType("x".into()),
                 415,
                 "unsupported-media-type",
+            ),
+            (
+                ApiError::RequestTimeout {
+                    limit: std::time::Duration::from_secs(1),
+                },
+                408,
+                "request-timeout",
             ),
             (ApiError::validation("f", "m"), 422, "validation-failed"),
             (

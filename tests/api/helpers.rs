@@ -542,7 +542,7 @@ pub async fn raw_exchange(address: std::net::SocketAddr, request: &[u8]) -> RawR
 }
 
 /// A complete response at the start of `bytes`, if there is one yet.
-fn parse_raw(bytes: &[u8]) -> Option<RawResponse> {
+pub fn parse_raw(bytes: &[u8]) -> Option<RawResponse> {
     let end = bytes.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = std::str::from_utf8(&bytes[..end]).expect("response head is text");
     let mut lines = head.split("\r\n");

@@ -30,6 +30,7 @@ mod helpers;
 mod acquire;
 mod client;
 mod concurrency;
+mod connections;
 mod health;
 mod input;
 mod inspect;

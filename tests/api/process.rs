@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::helpers::{RowLock, StoreKind, TTL, TestDb, client};
 
 /// Settings a developer's shell might carry that must not leak into these tests.
-const SETTINGS_VARS: [&str; 9] = [
+const SETTINGS_VARS: [&str; 11] = [
     "DATABASE_URL",
     "FENCELOCK_BIND",
     "FENCELOCK_MAX_TTL_SECONDS",
@@ -21,6 +21,8 @@ const SETTINGS_VARS: [&str; 9] = [
     "FENCELOCK_PURGE_GRACE_SECONDS",
     "FENCELOCK_PURGE_INTERVAL_SECONDS",
     "FENCELOCK_STORE_TIMEOUT_MS",
+    "FENCELOCK_REQUEST_TIMEOUT_MS",
+    "FENCELOCK_MAX_CONNECTIONS",
     "RUST_LOG",
 ];
 
@@ -196,7 +198,7 @@ type EnvVar<'a> = (&'a str, &'a str);
 #[test]
 fn bad_settings_stop_startup_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], Option<EnvVar<'_>>); 9] = [
+    let cases: [(&[&str], Option<EnvVar<'_>>); 13] = [
         (&["--bind", "nope"], None),
         (&["--max-ttl-seconds", "0"], None),
         (&["--max-ttl-seconds", "-5"], None),
@@ -206,6 +208,11 @@ fn bad_settings_stop_startup_with_one_line() {
         (&[], Some(("DATABASE_URL", "mysql://localhost/x"))),
         (&[], Some(("DATABASE_URL", "postgres://host:notaport/x"))),
         (&[], Some(("FENCELOCK_MAX_TTL_SECONDS", "lots"))),
+        (&["--request-timeout-ms", "0"], None),
+        (&["--max-connections", "0"], None),
+        // Far above any open-file limit: refused at start, not by failing accepts later.
+        (&["--max-connections", "1000000000000"], None),
+        (&[], Some(("FENCELOCK_MAX_CONNECTIONS", "1000000000000"))),
     ];
     for (args, env) in cases {
         let mut command = command(None, dir.path());
@@ -241,6 +248,10 @@ fn help_names_every_setting() {
         "FENCELOCK_POOL_SIZE",
         "--log-format",
         "FENCELOCK_LOG_FORMAT",
+        "--request-timeout-ms",
+        "FENCELOCK_REQUEST_TIMEOUT_MS",
+        "--max-connections",
+        "FENCELOCK_MAX_CONNECTIONS",
     ] {
         assert!(help.contains(name), "--help lacks {name}");
     }
