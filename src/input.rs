@@ -139,7 +139,12 @@ async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<Bytes
     let mut body = BytesMut::new();
     loop {
         let chunk = match tokio::time::timeout_at(deadline, payload.next()).await {
-            Err(_) => return Err(ApiError::RequestTimeout { limit }),
+            Err(_) => {
+                return Err(ApiError::RequestTimeout(format!(
+                    "the request body did not arrive within {} ms",
+                    limit.as_millis()
+                )));
+            }
             Ok(None) => break,
             Ok(Some(chunk)) => chunk,
         };

@@ -58,8 +58,10 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("{0}")]
     UnsupportedMediaType(String),
-    #[error("the request body did not arrive within {} ms", .limit.as_millis())]
-    RequestTimeout { limit: std::time::Duration },
+    #[error("{0}")]
+    RequestTimeout(String),
+    #[error("{0}")]
+    HeadersTooLarge(String),
     #[error("{method} is not allowed here; allowed: {allow}")]
     MethodNotAllowed { method: String, allow: &'static str },
     #[error("the lease store is unavailable; retry shortly")]
@@ -87,7 +89,11 @@ impl ApiError {
             Self::UnsupportedMediaType(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type")
             }
-            Self::RequestTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, "request-timeout"),
+            Self::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request-timeout"),
+            Self::HeadersTooLarge(_) => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "headers-too-large",
+            ),
             Self::Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation-failed"),
             Self::FencingTokenRequired(_) => {
                 (StatusCode::PRECONDITION_REQUIRED, "fencing-token-required")
@@ -102,8 +108,13 @@ impl ApiError {
         matches!(self, Self::StoreUnavailable(_) | Self::Internal(_))
     }
 
-    /// Renders the problem document for a request to `instance`.
-    pub fn to_problem(&self, instance: &str) -> HttpResponse {
+    /// The problem document as JSON, for answers written outside actix-web's response path
+    /// (see `routes::observe::refused_by_parser`).
+    pub fn problem_json(&self, instance: &str) -> Vec<u8> {
+        serde_json::to_vec(&self.problem(instance)).expect("a problem document serialises")
+    }
+
+    fn problem<'a>(&'a self, instance: &'a str) -> Problem<'a> {
         let (status, kind) = self.status_and_type();
         let mut body = Problem {
             kind,
@@ -119,6 +130,13 @@ impl ApiError {
             Self::StaleFence { current_fence, .. } => body.current_fence = *current_fence,
             _ => {}
         }
+        body
+    }
+
+    /// Renders the problem document for a request to `instance`.
+    pub fn to_problem(&self, instance: &str) -> HttpResponse {
+        let status = self.status_and_type().0;
+        let body = self.problem(instance);
         let mut response = HttpResponse::build(status);
         response.insert_header((header::CONTENT_TYPE, PROBLEM_JSON));
         match self {
@@ -130,7 +148,7 @@ impl ApiError {
             }
             // The rest of a body that is late may still be on its way; the connection cannot
             // carry another request, and must not stay open for the slow client.
-            Self::RequestTimeout { .. } => {
+            Self::RequestTimeout(_) => {
                 response.force_close();
             }
             _ => {}
@@ -236,12 +254,11 @@ mod tests {
                 415,
                 "unsupported-media-type",
             ),
+            (ApiError::RequestTimeout("x".into()), 408, "request-timeout"),
             (
-                ApiError::RequestTimeout {
-                    limit: std::time::Duration::from_secs(1),
-                },
-                408,
-                "request-timeout",
+                ApiError::HeadersTooLarge("x".into()),
+                431,
+                "headers-too-large",
             ),
             (ApiError::validation("f", "m"), 422, "validation-failed"),
             (

@@ -99,6 +99,7 @@ impl Application {
             store_timeout: settings.store_timeout,
         });
         let request_timeout = settings.request_timeout;
+        routes::install_refusal_renderer();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(state.clone())

@@ -32,6 +32,7 @@ impl DemoServer {
         let listener = TcpListener::bind(bind).with_context(|| format!("binding {bind}"))?;
         let port = listener.local_addr()?.port();
         let docs = web::Data::new(docs);
+        routes::install_refusal_renderer();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(docs.clone())

@@ -36,6 +36,7 @@ mod input;
 mod inspect;
 mod outage;
 mod process;
+mod protocol;
 mod purge;
 mod release;
 mod renew;

@@ -454,3 +454,37 @@ async fn two_processes_share_one_sqlite_file() {
         assert_eq!(winners, 1, "{resource}");
     }
 }
+
+/// Requests refused by the HTTP parser, and a client too slow to send its head, are logged
+/// at WARN at most: any client can send them, and must not be able to fill the log with
+/// ERROR lines.
+#[tokio::test]
+async fn parser_refusals_are_never_logged_as_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::start(None, dir.path());
+    let address: std::net::SocketAddr = server
+        .address
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let refused = crate::protocol::refused_requests();
+    for case in &refused {
+        let response = crate::helpers::raw_exchange(address, &case.request).await;
+        assert_eq!(response.status, case.status, "{}", case.name);
+    }
+    server.terminate();
+    server.wait(Duration::from_secs(20));
+
+    let log = server.log_text();
+    let events: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect();
+    let errors: Vec<&Value> = events.iter().filter(|e| e["level"] == "ERROR").collect();
+    assert!(errors.is_empty(), "ERROR lines: {errors:?}");
+    let warned = events
+        .iter()
+        .filter(|e| e["level"] == "WARN" && e["message"] == "request refused by the HTTP parser")
+        .count();
+    assert_eq!(warned, refused.len(), "{log}");
+}

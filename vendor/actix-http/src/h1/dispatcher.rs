@@ -19,7 +19,7 @@ use tokio::{
     time::sleep_until,
 };
 use tokio_util::codec::{Decoder as _, Encoder as _};
-use tracing::{error, trace};
+use tracing::{debug, error, trace}; // fencelock patch: debug
 
 use super::{
     codec::Codec,
@@ -630,11 +630,12 @@ where
                     }
 
                     // handle error message
-                    Some(DispatcherMessage::Error(res)) => {
+                    Some(DispatcherMessage::Error(mut res)) => {
                         // send_response would update InnerDispatcher state to SendPayload or None
                         // (If response body is empty)
                         // continue loop to poll it
-                        self.as_mut().send_error_response(res, BoxBody::new(()))?;
+                        let body = super::refusal::body(&mut res, this.read_buf); // fencelock patch
+                        self.as_mut().send_error_response(res, body)?;
                     }
 
                     // return with upgrade request and poll it exclusively
@@ -1073,10 +1074,9 @@ where
 
                 trace!("timed out on slow request; replying with 408 and closing connection");
 
-                let _ = self.as_mut().send_error_response(
-                    Response::with_body(StatusCode::REQUEST_TIMEOUT, ()),
-                    BoxBody::new(()),
-                );
+                let mut res = Response::with_body(StatusCode::REQUEST_TIMEOUT, ()); // fencelock patch
+                let body = super::refusal::body(&mut res, self.as_mut().project().read_buf); // fencelock patch
+                let _ = self.as_mut().send_error_response(res, body); // fencelock patch
 
                 self.project().flags.insert(Flags::SHUTDOWN);
             }
@@ -1463,7 +1463,10 @@ where
                     // keep-alive and stream errors
                     if state_is_none && inner_p.write_buf.is_empty() {
                         if let Some(err) = inner_p.error.take() {
-                            error!("stream error: {}", &err);
+                            // fencelock patch: was error!; these are the client's errors (bad
+                            // requests, slow or vanished clients), and any client could fill a
+                            // log with them at ERROR.
+                            debug!("stream error: {}", &err);
                             return Poll::Ready(Err(err));
                         }
 

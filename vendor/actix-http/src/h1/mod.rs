@@ -10,11 +10,13 @@ mod dispatcher;
 mod encoder;
 mod expect;
 mod payload;
+mod refusal; // fencelock patch
 mod service;
 mod timer;
 mod upgrade;
 mod utils;
 
+pub use self::refusal::{set_refusal_renderer, RefusalRenderer}; // fencelock patch
 pub use self::{
     client::{ClientCodec, ClientPayloadCodec},
     codec::Codec,
