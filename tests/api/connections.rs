@@ -272,6 +272,40 @@ async fn slow_heads_are_cut_off_at_the_request_timeout(kind: StoreKind) {
     assert!(p99 < P99_BOUND, "normal client p99 {p99:?}");
 }
 
+/// Slowloris on a kept-alive connection: after a first request served at once, the next
+/// head arrives one line at a time; it gets the same deadline as a first head would.
+async fn slow_heads_after_a_first_request_are_cut_off(kind: StoreKind) {
+    const SLOW: usize = 20;
+    let app = app_with_short_timeout(kind).await;
+    let address = app.socket_address();
+    let give_up = TIMEOUT + MARGIN + Duration::from_secs(2);
+    let tasks: Vec<_> = (0..SLOW)
+        .map(|_| {
+            let head =
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\n".to_vec();
+            let drip = b"X-Padding: a\r\n".to_vec();
+            tokio::spawn(drip_feed(address, head, drip, give_up))
+        })
+        .collect();
+    for (i, task) in tasks.into_iter().enumerate() {
+        let ending = task.await.expect("slowloris task");
+        let after = ending
+            .closed_after
+            .unwrap_or_else(|| panic!("connection {i} was still open after {give_up:?}"));
+        assert!(
+            after <= TIMEOUT + HEAD_MARGIN,
+            "closed only after {after:?}"
+        );
+        let first = parse_raw(&ending.received).expect("the first request was answered");
+        assert_eq!(first.status, 200);
+        let text = String::from_utf8_lossy(&ending.received);
+        assert!(
+            text.contains("HTTP/1.1 408"),
+            "no 408 for the slow head: {text}"
+        );
+    }
+}
+
 /// A keep-alive connection left idle after a request is closed after the request timeout.
 async fn idle_connections_are_closed(kind: StoreKind) {
     let app = app_with_short_timeout(kind).await;
@@ -306,5 +340,6 @@ async fn idle_connections_are_closed(kind: StoreKind) {
 contract!(
     slow_bodies_are_cut_off_at_the_request_timeout,
     slow_heads_are_cut_off_at_the_request_timeout,
+    slow_heads_after_a_first_request_are_cut_off,
     idle_connections_are_closed,
 );

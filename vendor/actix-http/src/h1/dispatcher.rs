@@ -1361,6 +1361,16 @@ where
                         let inner = inner.as_mut().project();
                         inner.flags.remove(Flags::KEEP_ALIVE);
                         inner.ka_timer.clear(line!());
+                        // fencelock patch: the next request's head gets the same deadline as
+                        // the first one's; upstream it has none once it has begun to arrive.
+                        // Armed once per request (the keep-alive flag comes back while the
+                        // head is incomplete), and cleared when the head is decoded.
+                        let waiting = matches!(inner.head_timer, TimerState::Inactive); // fencelock patch
+                        let deadline = inner.config.client_request_deadline(); // fencelock patch
+                        if let (true, Some(deadline)) = (waiting, deadline) {
+                            let timer = sleep_until(deadline.into()); // fencelock patch
+                            inner.head_timer.set_and_init(cx, timer, line!()); // fencelock patch
+                        }
                     }
 
                     if !inner.flags.contains(Flags::STARTED) {
