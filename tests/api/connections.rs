@@ -306,6 +306,41 @@ async fn slow_heads_after_a_first_request_are_cut_off(kind: StoreKind) {
     }
 }
 
+/// With `--max-connections 2`, two silent connections take every slot across all workers: a
+/// third client waits in the listen backlog until the request timeout frees one, then is
+/// served.
+async fn connections_beyond_the_cap_wait_for_a_free_slot(kind: StoreKind) {
+    let db = TestDb::new(kind).await;
+    let app = TestApp::spawn_on(db, |s| {
+        s.request_timeout = TIMEOUT;
+        s.max_connections = Some(2);
+    })
+    .await;
+    let address = app.socket_address();
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(TcpStream::connect(address).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let response = crate::helpers::raw_exchange(
+        address,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let waited = started.elapsed();
+    assert_eq!(response.status, 200);
+    assert!(
+        waited >= TIMEOUT / 2,
+        "served after {waited:?}, beside two connections holding the cap of 2"
+    );
+    assert!(
+        waited <= TIMEOUT + HEAD_MARGIN,
+        "served only after {waited:?}"
+    );
+    drop(silent);
+}
+
 /// A keep-alive connection left idle after a request is closed after the request timeout.
 async fn idle_connections_are_closed(kind: StoreKind) {
     let app = app_with_short_timeout(kind).await;
@@ -342,4 +377,5 @@ contract!(
     slow_heads_are_cut_off_at_the_request_timeout,
     slow_heads_after_a_first_request_are_cut_off,
     idle_connections_are_closed,
+    connections_beyond_the_cap_wait_for_a_free_slot,
 );
