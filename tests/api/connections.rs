@@ -24,11 +24,11 @@ const HEAD_MARGIN: Duration = Duration::from_millis(1500);
 /// How often a slow client sends its next byte.
 const DRIP: Duration = Duration::from_millis(500);
 
-/// The normal client's p99 latency bound while the slow clients are held. Measured in a
-/// debug build on a shared 2-core machine that also runs the 2,000 clients and the other
-/// tests, the p99 ranged from 15 ms to 480 ms, so 100 ms is not a stable bound there; this
-/// one catches a server that stalls (a p99 of seconds) without flaking. The tests print it.
-const P99_BOUND: Duration = Duration::from_secs(1);
+/// The normal client's p99 latency bound while the slow clients are held. In a debug build
+/// on the 2-core machine, with the server, the 2,000 slow clients and the normal client (on
+/// its own thread) in this one process, the p99 measured 9-87 ms over 8 runs. The tests
+/// print it.
+const P99_BOUND: Duration = Duration::from_millis(100);
 
 async fn app_with_short_timeout(kind: StoreKind) -> TestApp {
     // The test process holds both ends of every connection: make room for them.
@@ -86,8 +86,26 @@ async fn drip_feed(address: SocketAddr, head: Vec<u8>, drip: Vec<u8>, give_up: D
 }
 
 /// A client behaving well: sequential requests until `stop`, each timed. Every request must
-/// succeed; returns the latencies.
+/// succeed; returns the latencies. It runs on a thread and runtime of its own, so that what
+/// it measures is the server, not its queueing behind the slow clients' tasks in the test's
+/// runtime.
 async fn normal_client(app: &TestApp, stop: tokio::sync::watch::Receiver<bool>) -> Vec<Duration> {
+    let base = app.address.clone();
+    let thread = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(timed_requests(base, stop))
+    });
+    tokio::task::spawn_blocking(move || thread.join())
+        .await
+        .expect("joining the normal client")
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+async fn timed_requests(base: String, stop: tokio::sync::watch::Receiver<bool>) -> Vec<Duration> {
+    let http = crate::helpers::client();
     let mut latencies = Vec::new();
     let mut n = 0u64;
     // Bounded: the slow clients are gone well within a minute.
@@ -95,17 +113,17 @@ async fn normal_client(app: &TestApp, stop: tokio::sync::watch::Receiver<bool>) 
     while !*stop.borrow() && Instant::now() < until {
         n += 1;
         let started = Instant::now();
-        let status = if n.is_multiple_of(2) {
-            app.acquire(&format!("normal:{n}"), "normal", 60)
-                .await
-                .status()
+        let request = if n.is_multiple_of(2) {
+            http.post(format!("{base}/locks/normal:{n}"))
+                .json(&json!({ "owner": "normal", "ttl_seconds": 60 }))
         } else {
-            app.get("/healthz").await.status()
+            http.get(format!("{base}/healthz"))
         };
+        let status = request.send().await.map(|r| r.status().as_u16());
         latencies.push(started.elapsed());
-        assert_eq!(
-            status, 200,
-            "a normal request failed while slow clients were held"
+        assert!(
+            matches!(status, Ok(200)),
+            "a normal request failed while slow clients were held: {status:?}"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
