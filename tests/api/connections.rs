@@ -25,10 +25,12 @@ const HEAD_MARGIN: Duration = Duration::from_millis(1500);
 const DRIP: Duration = Duration::from_millis(500);
 
 /// The normal client's p99 latency bound while the slow clients are held. In a debug build
-/// on the 2-core machine, with the server, the 2,000 slow clients and the normal client (on
-/// its own thread) in this one process, the p99 measured 9-87 ms over 8 runs. The tests
-/// print it.
-const P99_BOUND: Duration = Duration::from_millis(100);
+/// on the 2-core machine, with the server, the slow clients and the normal client (on its
+/// own thread) in this one process, the p99 measured 9-87 ms over 8 runs of these tests
+/// alone, but 107 ms once while the rest of the suite ran beside them: 100 ms is not a stable
+/// bound there. This one still catches a server that stalls behind slow clients (seconds);
+/// the tests print the p99.
+const P99_BOUND: Duration = Duration::from_millis(500);
 
 async fn app_with_short_timeout(kind: StoreKind) -> TestApp {
     // The test process holds both ends of every connection: make room for them.
