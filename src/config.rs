@@ -10,6 +10,8 @@
 //! | `--purge-grace-seconds` | `FENCELOCK_PURGE_GRACE_SECONDS` | `3600` |
 //! | `--purge-interval-seconds` | `FENCELOCK_PURGE_INTERVAL_SECONDS` | `60` |
 //! | `--store-timeout-ms` | `FENCELOCK_STORE_TIMEOUT_MS` | `5000` |
+//! | `--request-timeout-ms` | `FENCELOCK_REQUEST_TIMEOUT_MS` | `10000` |
+//! | `--max-connections` | `FENCELOCK_MAX_CONNECTIONS` | the open-file limit less a reserve |
 //!
 //! Everything is parsed into typed values here, so a bad value stops start-up with one line
 //! that names the setting, before anything is opened.
@@ -27,6 +29,7 @@ use crate::store::{StoreConfig, StoreOptions};
 pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
 pub const DEFAULT_PURGE_GRACE_SECONDS: u64 = 3600;
 pub const DEFAULT_PURGE_INTERVAL_SECONDS: u64 = 60;
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 10_000;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -115,6 +118,28 @@ pub struct ServerArgs {
         global = true
     )]
     pub store_timeout_ms: u64,
+
+    /// Longest a client may take to send a request head, and then its body; a slower request
+    /// is answered `408` and its connection closed. Idle keep-alive connections are closed
+    /// after it too.
+    #[arg(
+        long,
+        env = "FENCELOCK_REQUEST_TIMEOUT_MS",
+        default_value_t = DEFAULT_REQUEST_TIMEOUT_MS,
+        value_parser = clap::value_parser!(u64).range(1..),
+        global = true
+    )]
+    pub request_timeout_ms: u64,
+
+    /// Most open client connections, across all workers. Default: the open-file limit less a
+    /// reserve for the store, logs and the listener; a value above that is refused at start.
+    #[arg(
+        long,
+        env = "FENCELOCK_MAX_CONNECTIONS",
+        value_parser = clap::value_parser!(u64).range(1..),
+        global = true
+    )]
+    pub max_connections: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -134,6 +159,9 @@ pub struct Settings {
     pub purge_grace: Duration,
     pub purge_interval: Duration,
     pub store_timeout: Duration,
+    pub request_timeout: Duration,
+    /// `None`: derived from the open-file limit at start (see `startup`).
+    pub max_connections: Option<u64>,
 }
 
 impl Settings {
@@ -156,6 +184,8 @@ impl Settings {
             purge_grace: Duration::from_secs(args.purge_grace_seconds),
             purge_interval: Duration::from_secs(args.purge_interval_seconds),
             store_timeout: Duration::from_millis(args.store_timeout_ms),
+            request_timeout: Duration::from_millis(args.request_timeout_ms),
+            max_connections: args.max_connections,
         })
     }
 
@@ -171,6 +201,8 @@ impl Settings {
             purge_grace: Duration::from_secs(DEFAULT_PURGE_GRACE_SECONDS),
             purge_interval: Duration::from_secs(DEFAULT_PURGE_INTERVAL_SECONDS),
             store_timeout: Duration::from_millis(DEFAULT_STORE_TIMEOUT_MS),
+            request_timeout: Duration::from_millis(DEFAULT_REQUEST_TIMEOUT_MS),
+            max_connections: None,
         }
     }
 }

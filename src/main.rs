@@ -4,7 +4,7 @@ use clap::Parser as _;
 use clap::error::ErrorKind;
 
 use fencelock::config::{Cli, Command, Settings};
-use fencelock::startup::Application;
+use fencelock::startup::{self, Application};
 use fencelock::store::{self, StoreConfig};
 use fencelock::{shutdown, telemetry};
 
@@ -48,6 +48,10 @@ fn main() -> ExitCode {
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {
+    match startup::raise_open_file_limit() {
+        Ok(limit) => tracing::debug!(limit, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
+    }
     let app = Application::build(settings).await?;
     let handle = app.handle();
     actix_web::rt::spawn(async move {

@@ -58,6 +58,10 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("{0}")]
     UnsupportedMediaType(String),
+    #[error("{0}")]
+    RequestTimeout(String),
+    #[error("{0}")]
+    HeadersTooLarge(String),
     #[error("{method} is not allowed here; allowed: {allow}")]
     MethodNotAllowed { method: String, allow: &'static str },
     #[error("the lease store is unavailable; retry shortly")]
@@ -92,6 +96,11 @@ impl ApiError {
             Self::UnsupportedMediaType(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type")
             }
+            Self::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request-timeout"),
+            Self::HeadersTooLarge(_) => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "headers-too-large",
+            ),
             Self::Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation-failed"),
             Self::FencingTokenRequired(_) => {
                 (StatusCode::PRECONDITION_REQUIRED, "fencing-token-required")
@@ -126,8 +135,13 @@ impl ApiError {
         }
     }
 
-    /// Renders the problem document for a request to `instance`.
-    pub fn to_problem(&self, instance: &str) -> HttpResponse {
+    /// The problem document as JSON, for answers written outside actix-web's response path
+    /// (see `routes::observe::refused_by_parser`).
+    pub fn problem_json(&self, instance: &str) -> Vec<u8> {
+        serde_json::to_vec(&self.problem(instance)).expect("a problem document serialises")
+    }
+
+    fn problem<'a>(&'a self, instance: &'a str) -> Problem<'a> {
         let (status, kind) = self.status_and_type();
         let mut body = Problem {
             kind,
@@ -143,6 +157,13 @@ impl ApiError {
             Self::StaleFence { current_fence, .. } => body.current_fence = *current_fence,
             _ => {}
         }
+        body
+    }
+
+    /// Renders the problem document for a request to `instance`.
+    pub fn to_problem(&self, instance: &str) -> HttpResponse {
+        let status = self.status_and_type().0;
+        let body = self.problem(instance);
         let mut response = HttpResponse::build(status);
         response.insert_header((header::CONTENT_TYPE, PROBLEM_JSON));
         match self {
@@ -151,6 +172,11 @@ impl ApiError {
             }
             Self::MethodNotAllowed { allow, .. } => {
                 response.insert_header((header::ALLOW, HeaderValue::from_static(allow)));
+            }
+            // The rest of a body that is late may still be on its way; the connection cannot
+            // carry another request, and must not stay open for the slow client.
+            Self::RequestTimeout(_) => {
+                response.force_close();
             }
             _ => {}
         }
@@ -255,6 +281,12 @@ mod tests {
                 ApiError::UnsupportedMediaType("x".into()),
                 415,
                 "unsupported-media-type",
+            ),
+            (ApiError::RequestTimeout("x".into()), 408, "request-timeout"),
+            (
+                ApiError::HeadersTooLarge("x".into()),
+                431,
+                "headers-too-large",
             ),
             (ApiError::validation("f", "m"), 422, "validation-failed"),
             (

@@ -1,6 +1,7 @@
 //! Building the application: the one path used by `main` and by the tests.
 
 use std::net::TcpListener;
+use std::num::NonZeroUsize;
 
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
@@ -8,12 +9,54 @@ use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
 
 use crate::config::Settings;
+use crate::input::RequestTimeout;
 use crate::routes::{self, AppState};
 use crate::store::purge::Purge;
 use crate::store::{self, SharedStore};
 
 /// How long in-flight requests may take to finish after a stop was asked for.
 const SHUTDOWN_TIMEOUT_SECONDS: u64 = 10;
+
+/// Open files kept beside client connections (listener, SQLite file and its journal, logs,
+/// the runtime's own handles, slack for a burst of accepts); the store's connection pool
+/// comes on top.
+const RESERVED_FILES: u64 = 64;
+
+/// Raises the soft limit on open files to the hard limit, so that the connection cap can be
+/// as high as the system allows; returns the soft limit now in force.
+pub fn raise_open_file_limit() -> std::io::Result<u64> {
+    rlimit::increase_nofile_limit(u64::MAX)
+}
+
+/// The most client connections this process can hold without running out of file handles:
+/// the open-file limit less the reserve and the store's pool. A requested cap above it is
+/// refused, since it would fail later as refused accepts or a store that cannot connect.
+pub fn connection_cap(requested: Option<u64>, pool_size: usize) -> anyhow::Result<u64> {
+    let (soft, _) = rlimit::Resource::NOFILE
+        .get()
+        .context("reading the open-file limit")?;
+    let reserve = RESERVED_FILES + pool_size as u64;
+    let room = soft.saturating_sub(reserve);
+    match requested {
+        _ if room == 0 => anyhow::bail!(
+            "the open-file limit ({soft}) leaves no room for connections beside the {reserve} files the server keeps open; raise it (ulimit -n)"
+        ),
+        Some(cap) if cap > room => anyhow::bail!(
+            "--max-connections {cap} is above the open-file limit ({soft}) less {reserve} files the server keeps open; use at most {room} or raise the limit (ulimit -n)"
+        ),
+        Some(cap) => Ok(cap),
+        None => Ok(room),
+    }
+}
+
+/// Workers and connections per worker for a total cap: actix counts connections per worker,
+/// so the cap is divided, and there are never more workers than connections.
+fn split_connections(cap: u64) -> (usize, usize) {
+    let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+    let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+    let workers = cores.min(cap).max(1);
+    (workers, (cap / workers).max(1))
+}
 
 /// A bound, configured server that has not started serving yet.
 pub struct Application {
@@ -27,25 +70,37 @@ impl Application {
     /// Opens the store named by the settings (applying migrations) and binds the listener.
     /// Port 0 picks a free port; [`Application::port`] tells which.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        // A cap the open-file limit cannot carry stops start-up before anything is opened.
+        connection_cap(settings.max_connections, settings.pool_size)?;
         let store = store::open(&settings.store, settings.store_options()).await?;
         Self::with_store(settings, store)
     }
 
     /// Like [`Application::build`], with a store opened by the caller.
     pub fn with_store(settings: Settings, store: SharedStore) -> anyhow::Result<Self> {
+        let cap = connection_cap(settings.max_connections, settings.pool_size)?;
+        let (workers, per_worker) = split_connections(cap);
         let listener = TcpListener::bind(settings.bind)
             .with_context(|| format!("binding {}", settings.bind))?;
         let port = listener.local_addr()?.port();
-        tracing::info!(store = %store.describe(), address = %listener.local_addr()?, "fencelock serving");
+        tracing::info!(
+            store = %store.describe(),
+            address = %listener.local_addr()?,
+            max_connections = workers * per_worker,
+            "fencelock serving"
+        );
 
         let state = web::Data::new(AppState {
             store: store.clone(),
             max_ttl: settings.max_ttl,
             store_timeout: settings.store_timeout,
         });
+        let request_timeout = settings.request_timeout;
+        routes::install_refusal_renderer();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(state.clone())
+                .app_data(RequestTimeout(request_timeout))
                 .configure(routes::configure)
                 .default_service(web::to(routes::not_found))
                 .wrap(from_fn(routes::observe))
@@ -54,6 +109,13 @@ impl Application {
         // without signalling the whole process.
         .disable_signals()
         .shutdown_timeout(SHUTDOWN_TIMEOUT_SECONDS)
+        // A slow or idle client holds a connection no longer than the request timeout: the
+        // head must arrive within it (else `408`), an idle keep-alive connection is closed
+        // after it, and `input` bounds the body by it.
+        .client_request_timeout(request_timeout)
+        .keep_alive(request_timeout)
+        .workers(workers)
+        .max_connections(per_worker)
         .listen(listener)?
         .run();
 
@@ -85,5 +147,29 @@ impl Application {
         self.purge.stop().await;
         tracing::info!("fencelock stopped");
         served.context("serving HTTP")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_cap_stays_below_the_open_file_limit() {
+        let (soft, _) = rlimit::Resource::NOFILE.get().unwrap();
+        let room = soft - RESERVED_FILES - 16;
+        assert_eq!(connection_cap(None, 16).unwrap(), room);
+        assert_eq!(connection_cap(Some(room), 16).unwrap(), room);
+        assert_eq!(connection_cap(Some(10), 16).unwrap(), 10);
+        let refused = connection_cap(Some(room + 1), 16).unwrap_err().to_string();
+        assert!(refused.contains("--max-connections"), "{refused}");
+        assert!(!refused.contains('\n'), "{refused}");
+    }
+
+    #[test]
+    fn the_cap_is_divided_among_workers() {
+        let (workers, per_worker) = split_connections(1000);
+        assert!(workers >= 1 && workers * per_worker <= 1000);
+        assert_eq!(split_connections(1), (1, 1));
     }
 }

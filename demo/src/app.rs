@@ -75,6 +75,7 @@ impl DemoServer {
             store: docs,
             timeout: store_timeout,
         });
+        routes::install_refusal_renderer();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(docs.clone())

@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
 use fencelock_demo::docs::{self, Guarding};
-use fencelock_testkit::{Proxy, StoreKind, TestDb, contract, postgres_addr};
+use fencelock_testkit::{
+    Proxy, RawResponse, StoreKind, TestDb, assert_raw_problem, contract, postgres_addr,
+    raw_exchange,
+};
 use serde_json::{Value, json};
 
 /// A demo store on fresh storage, stopped and dropped with this value.
@@ -87,6 +90,21 @@ impl TestStore {
             .send()
             .await
             .unwrap()
+    }
+
+    /// Sends `request` byte for byte over a fresh connection.
+    async fn raw(&self, request: &[u8]) -> RawResponse {
+        let address = self.address.trim_start_matches("http://").parse().unwrap();
+        raw_exchange(address, request).await
+    }
+
+    /// A `PUT /docs/{key}` with the given header lines, closing the connection after it.
+    async fn raw_put(&self, key: &str, headers: &str, body: &str) -> RawResponse {
+        let request = format!(
+            "PUT /docs/{key} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        self.raw(request.as_bytes()).await
     }
 
     async fn doc(&self, key: &str) -> Value {
@@ -486,6 +504,10 @@ contract!(
     concurrent_writers_leave_the_highest_fence,
     without_the_guard_late_writes_win,
     a_broken_schema_is_a_500_not_a_503,
+    control_byte_in_fencing_token_is_a_problem,
+    dot_segment_keys_are_422,
+    encoded_bodies_are_415,
+    numbers_beyond_float_range_are_422,
 );
 
 /// Short, so a test of a partition takes seconds.
@@ -604,4 +626,75 @@ async fn store_starts_without_postgres_and_serves_once_it_answers() {
     )
     .await;
     assert_eq!(store.doc("doc:1").await["fence"], json!(1));
+}
+
+// The HTTP edge: requests the parser refuses, dot-segment keys, encoded bodies and numbers
+// beyond float range, sent byte for byte. The demo store shares the lease server's body
+// reader and problem rendering, so the same rules hold.
+
+const JSON: &str = "Content-Type: application/json\r\n";
+
+/// A control byte in `Fencing-Token` is refused by the HTTP parser itself: still a problem.
+async fn control_byte_in_fencing_token_is_a_problem(kind: StoreKind) {
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    let headers = format!("{JSON}Fencing-Token: 1\x01\r\n");
+    let document = assert_raw_problem(
+        &store.raw_put("doc:1", &headers, "1").await,
+        400,
+        "malformed-request",
+    );
+    assert_eq!(document["instance"], "/docs/doc:1");
+    let read = store
+        .raw(b"GET /docs/doc:1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await;
+    assert_eq!(read.status, 404, "nothing was written");
+}
+
+/// `.` and `..` are no keys (clients rewrite them), `422`; names with dots are fine.
+async fn dot_segment_keys_are_422(kind: StoreKind) {
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    let headers = format!("{JSON}Fencing-Token: 1\r\n");
+    for key in [".", "..", "%2E", "%2E%2E"] {
+        assert_raw_problem(
+            &store.raw_put(key, &headers, "1").await,
+            422,
+            "validation-failed",
+        );
+    }
+    assert_eq!(store.raw_put("a..b", &headers, "1").await.status, 200);
+}
+
+/// A compressed body is `415`, before its size or syntax is looked at.
+async fn encoded_bodies_are_415(kind: StoreKind) {
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    let big = "1".repeat(20 * 1024);
+    for body in ["1", "{", big.as_str()] {
+        let headers = format!("{JSON}Fencing-Token: 1\r\nContent-Encoding: gzip\r\n");
+        assert_raw_problem(
+            &store.raw_put("doc:1", &headers, body).await,
+            415,
+            "unsupported-media-type",
+        );
+    }
+}
+
+/// A number beyond float range is valid JSON that cannot be held as a value: `422` on
+/// `value`, not the `400` of a body that is not JSON.
+async fn numbers_beyond_float_range_are_422(kind: StoreKind) {
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    let headers = format!("{JSON}Fencing-Token: 1\r\n");
+    let digits = "9".repeat(400);
+    for body in ["1e400", r#"{"a": -1e400}"#, &format!("[{digits}]")] {
+        let document = assert_raw_problem(
+            &store.raw_put("doc:1", &headers, body).await,
+            422,
+            "validation-failed",
+        );
+        assert_eq!(document["errors"][0]["field"], "value", "{document}");
+    }
+    assert_raw_problem(
+        &store.raw_put("doc:1", &headers, "1e").await,
+        400,
+        "malformed-request",
+    );
 }

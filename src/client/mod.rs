@@ -413,6 +413,7 @@ mod tests {
         assert_eq!(path_segment("ü%").unwrap(), "%C3%BC%25");
         assert_eq!(path_segment("").unwrap(), "");
         assert!(matches!(path_segment(".."), Err(Error::InvalidInput(_))));
+        assert!(matches!(path_segment("."), Err(Error::InvalidInput(_))));
     }
 
     #[test]

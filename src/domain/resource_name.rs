@@ -3,7 +3,9 @@ use std::fmt;
 /// The name of a locked resource: 1–255 characters from `A-Z a-z 0-9 . _ - : @ + = ~`.
 ///
 /// The set leaves out `/` and `%` on purpose: a name always stands for itself in a URL path,
-/// so `/locks/{resource}` never needs escaping and never aliases another path.
+/// so `/locks/{resource}` never needs escaping and never aliases another path. For the same
+/// reason `.` and `..` are refused: HTTP clients treat them as dot segments and rewrite
+/// `/locks/./renew` to `/locks/renew`, which would act on another resource.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct ResourceName(String);
 
@@ -20,6 +22,8 @@ pub enum ResourceNameError {
         "character {ch:?} at position {position} is not allowed (use A-Z a-z 0-9 . _ - : @ + = ~)"
     )]
     InvalidChar { ch: char, position: usize },
+    #[error("must not be {0:?}: HTTP clients rewrite such a path segment")]
+    DotSegment(&'static str),
 }
 
 impl ResourceName {
@@ -29,6 +33,9 @@ impl ResourceName {
         }
         if let Some((position, ch)) = raw.chars().enumerate().find(|(_, c)| !is_allowed(*c)) {
             return Err(ResourceNameError::InvalidChar { ch, position });
+        }
+        if let Some(dots) = [".", ".."].into_iter().find(|d| *d == raw) {
+            return Err(ResourceNameError::DotSegment(dots));
         }
         // Only ASCII is allowed, so bytes and characters agree here.
         if raw.len() > MAX_RESOURCE_LEN {
@@ -97,6 +104,24 @@ mod tests {
                     Err(ResourceNameError::InvalidChar { .. })
                 ),
                 "{bad:?} should be rejected"
+            );
+        }
+    }
+
+    #[test]
+    fn dot_segments_are_refused_but_dotted_names_are_not() {
+        assert_eq!(
+            ResourceName::parse("."),
+            Err(ResourceNameError::DotSegment("."))
+        );
+        assert_eq!(
+            ResourceName::parse(".."),
+            Err(ResourceNameError::DotSegment(".."))
+        );
+        for fine in ["...", ".a", "a.", "..a", "a..b"] {
+            assert!(
+                ResourceName::parse(fine).is_ok(),
+                "{fine:?} should be accepted"
             );
         }
     }

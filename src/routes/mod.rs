@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use actix_web::{HttpRequest, web};
 
-pub use observe::observe;
+pub use observe::{install_refusal_renderer, instance_of, observe};
 
 use crate::domain::Ttl;
 use crate::problem::ApiError;
@@ -116,7 +116,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 
 /// The app's default service: no route matched the path.
 pub async fn not_found(req: HttpRequest) -> Result<actix_web::HttpResponse, ApiError> {
-    Err(ApiError::NotFound(format!("no route for {}", req.path())))
+    Err(ApiError::NotFound(format!(
+        "no route for {}",
+        instance_of(req.uri())
+    )))
 }
 
 /// A handler answering `405` with the given `Allow` list; for a resource's default service.

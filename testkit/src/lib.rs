@@ -20,13 +20,17 @@
 //!   both stores.
 //! - [`Proxy`]: a TCP proxy between a service and its upstream (PostgreSQL, a lease server)
 //!   that can freeze (a network partition: bytes stop, nothing is reset), thaw and cut.
+//! - `raw`: [`raw_exchange`] sends bytes no HTTP client would and parses the answer
+//!   ([`RawResponse`], [`assert_raw_problem`]).
 //! - [`closed_port`]: a local port nothing listens on, for "unreachable" tests.
 
 mod proxy;
+mod raw;
 mod server;
 mod storage;
 
 pub use proxy::Proxy;
+pub use raw::{RawResponse, assert_raw_problem, parse_raw, raw_exchange};
 pub use server::{TTL, TestApp, assert_problem, client, fence, invalid_fields};
 pub use storage::{RowLock, StoreKind, TestDb, admin, admin_url, pg_connect, postgres_addr};
 

@@ -221,3 +221,18 @@ pub fn invalid_fields(problem: &Value) -> Vec<String> {
         .map(|e| e["field"].as_str().expect("field name").to_owned())
         .collect()
 }
+
+impl TestApp {
+    pub fn socket_address(&self) -> std::net::SocketAddr {
+        self.address
+            .trim_start_matches("http://")
+            .parse()
+            .expect("the test address is a socket address")
+    }
+
+    /// Sends `request` byte for byte over a fresh connection, as no HTTP client would
+    /// (clients normalise paths and refuse bad bytes), and reads the answer.
+    pub async fn raw(&self, request: &[u8]) -> crate::raw::RawResponse {
+        crate::raw::raw_exchange(self.socket_address(), request).await
+    }
+}

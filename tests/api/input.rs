@@ -3,7 +3,7 @@
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestApp, assert_problem, invalid_fields};
+use crate::helpers::{StoreKind, TTL, TestApp, assert_problem, assert_raw_problem, invalid_fields};
 
 /// ttl 0, negative, string, float, bool, null, 1e300, i64::MAX, above the maximum, missing.
 async fn invalid_ttls_are_422(kind: StoreKind) {
@@ -497,7 +497,144 @@ async fn odd_requests_never_get_a_500(kind: StoreKind) {
     }
 }
 
+/// `.` and `..` are dot segments to HTTP clients (`/locks/./renew` becomes `/locks/renew`),
+/// so they are no resource names: `422`, whether sent literally or percent-encoded.
+async fn dot_segments_are_not_resource_names(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let lease = json!({ "owner": "a", "ttl_seconds": TTL });
+    let owner = json!({ "owner": "a" });
+    for name in [".", "..", "%2E", "%2e%2E"] {
+        for (path, body) in [
+            (format!("/locks/{name}"), &lease),
+            (format!("/locks/{name}/renew"), &lease),
+            (format!("/locks/{name}/release"), &owner),
+        ] {
+            let literal = format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.to_string().len()
+            );
+            let problem =
+                assert_raw_problem(&app.raw(literal.as_bytes()).await, 422, "validation-failed");
+            assert_eq!(invalid_fields(&problem), ["resource"], "{path}");
+        }
+        let inspect = format!("GET /locks/{name} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        assert_raw_problem(&app.raw(inspect.as_bytes()).await, 422, "validation-failed");
+    }
+    // Names that merely contain dots are ordinary names.
+    for name in ["...", ".a", "a..b"] {
+        app.acquire_ok(name, "a", TTL).await;
+    }
+}
+
+/// A number of any size or precision in a field is that field's `422`: valid JSON is never a
+/// `400`, however large its numbers.
+async fn numbers_beyond_float_range_are_422(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let digits = "9".repeat(400);
+    let negative = format!("-{digits}");
+    let precise = format!("1.{digits}");
+    for number in ["1e400", "-1e400", "1E+999", &digits, &negative, &precise] {
+        let cases = [
+            (
+                "/locks/job:1",
+                format!(r#"{{"owner":"a","ttl_seconds":{number}}}"#),
+                "ttl_seconds",
+            ),
+            (
+                "/locks/job:1/renew",
+                format!(r#"{{"owner":"a","ttl_seconds":{number}}}"#),
+                "ttl_seconds",
+            ),
+            (
+                "/locks/job:1/renew",
+                format!(r#"{{"owner":"a","ttl_seconds":60,"fence":{number}}}"#),
+                "fence",
+            ),
+            (
+                "/locks/job:1/release",
+                format!(r#"{{"owner":"a","fence":{number}}}"#),
+                "fence",
+            ),
+            (
+                "/locks/job:1",
+                format!(r#"{{"owner":{number},"ttl_seconds":60}}"#),
+                "owner",
+            ),
+            // In an unknown field it is just an unknown field.
+            (
+                "/locks/job:1",
+                format!(r#"{{"owner":"a","ttl_seconds":60,"ttl":{number}}}"#),
+                "ttl",
+            ),
+        ];
+        for (path, body, field) in cases {
+            let response = app
+                .send(Method::POST, path, Some("application/json"), body)
+                .await;
+            let problem = assert_problem(response, 422, "validation-failed").await;
+            assert_eq!(invalid_fields(&problem), [field], "{path} {field} {number}");
+            let message = problem["errors"][0]["message"].as_str().unwrap();
+            assert!(
+                message.len() < 200,
+                "the message quotes the number whole: {message}"
+            );
+        }
+    }
+    // Nothing was taken along the way.
+    assert_problem(app.inspect("job:1").await, 404, "not-found").await;
+}
+
+/// A body in any content coding but `identity` is `415`, checked before size and syntax.
+async fn content_encoded_bodies_are_415(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let valid = json!({ "owner": "a", "ttl_seconds": TTL }).to_string();
+    let oversized = format!("{valid}{}", " ".repeat(20 * 1024));
+    for coding in ["gzip", "deflate", "br", "x-gzip", "GZIP", "identity, gzip"] {
+        for body in [
+            valid.as_str(),
+            oversized.as_str(),
+            "not json",
+            "\u{1f}\u{8b}\u{8}",
+        ] {
+            for (method, path) in [
+                (Method::POST, "/locks/job:1"),
+                (Method::POST, "/locks/job:1/renew"),
+                (Method::DELETE, "/locks/job:1"),
+                (Method::POST, "/locks/job:1/release"),
+            ] {
+                let response = app
+                    .client
+                    .request(method, app.url(path))
+                    .header("content-type", "application/json")
+                    .header("content-encoding", coding)
+                    .body(body.to_owned())
+                    .send()
+                    .await
+                    .expect("request reaches the server");
+                assert_problem(response, 415, "unsupported-media-type").await;
+            }
+        }
+    }
+    assert_problem(app.inspect("job:1").await, 404, "not-found").await;
+    for coding in ["identity", "IDENTITY"] {
+        let response = app
+            .client
+            .post(app.url("/locks/job:1"))
+            .header("content-type", "application/json")
+            .header("content-encoding", coding)
+            .body(valid.clone())
+            .send()
+            .await
+            .expect("request reaches the server");
+        assert_eq!(response.status(), 200, "{coding}");
+    }
+}
+
 contract!(
+    numbers_beyond_float_range_are_422,
+    content_encoded_bodies_are_415,
+    dot_segments_are_not_resource_names,
     invalid_ttls_are_422,
     ttl_bounds_are_inclusive,
     configured_max_ttl_applies,

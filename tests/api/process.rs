@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::helpers::{RowLock, StoreKind, TTL, TestDb, client};
 
 /// Settings a developer's shell might carry that must not leak into these tests.
-const SETTINGS_VARS: [&str; 9] = [
+const SETTINGS_VARS: [&str; 11] = [
     "DATABASE_URL",
     "FENCELOCK_BIND",
     "FENCELOCK_MAX_TTL_SECONDS",
@@ -21,6 +21,8 @@ const SETTINGS_VARS: [&str; 9] = [
     "FENCELOCK_PURGE_GRACE_SECONDS",
     "FENCELOCK_PURGE_INTERVAL_SECONDS",
     "FENCELOCK_STORE_TIMEOUT_MS",
+    "FENCELOCK_REQUEST_TIMEOUT_MS",
+    "FENCELOCK_MAX_CONNECTIONS",
     "RUST_LOG",
 ];
 
@@ -192,7 +194,7 @@ type EnvVar<'a> = (&'a str, &'a str);
 #[test]
 fn bad_settings_stop_startup_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], Option<EnvVar<'_>>); 9] = [
+    let cases: [(&[&str], Option<EnvVar<'_>>); 13] = [
         (&["--bind", "nope"], None),
         (&["--max-ttl-seconds", "0"], None),
         (&["--max-ttl-seconds", "-5"], None),
@@ -202,6 +204,11 @@ fn bad_settings_stop_startup_with_one_line() {
         (&[], Some(("DATABASE_URL", "mysql://localhost/x"))),
         (&[], Some(("DATABASE_URL", "postgres://host:notaport/x"))),
         (&[], Some(("FENCELOCK_MAX_TTL_SECONDS", "lots"))),
+        (&["--request-timeout-ms", "0"], None),
+        (&["--max-connections", "0"], None),
+        // Far above any open-file limit: refused at start, not by failing accepts later.
+        (&["--max-connections", "1000000000000"], None),
+        (&[], Some(("FENCELOCK_MAX_CONNECTIONS", "1000000000000"))),
     ];
     for (args, env) in cases {
         let mut command = command(None, dir.path());
@@ -237,6 +244,10 @@ fn help_names_every_setting() {
         "FENCELOCK_POOL_SIZE",
         "--log-format",
         "FENCELOCK_LOG_FORMAT",
+        "--request-timeout-ms",
+        "FENCELOCK_REQUEST_TIMEOUT_MS",
+        "--max-connections",
+        "FENCELOCK_MAX_CONNECTIONS",
     ] {
         assert!(help.contains(name), "--help lacks {name}");
     }
@@ -438,4 +449,38 @@ async fn two_processes_share_one_sqlite_file() {
         }
         assert_eq!(winners, 1, "{resource}");
     }
+}
+
+/// Requests refused by the HTTP parser, and a client too slow to send its head, are logged
+/// at WARN at most: any client can send them, and must not be able to fill the log with
+/// ERROR lines.
+#[tokio::test]
+async fn parser_refusals_are_never_logged_as_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::start(None, dir.path());
+    let address: std::net::SocketAddr = server
+        .address
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let refused = crate::protocol::refused_requests();
+    for case in &refused {
+        let response = crate::helpers::raw_exchange(address, &case.request).await;
+        assert_eq!(response.status, case.status, "{}", case.name);
+    }
+    server.terminate();
+    server.wait(Duration::from_secs(20));
+
+    let log = server.log_text();
+    let events: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect();
+    let errors: Vec<&Value> = events.iter().filter(|e| e["level"] == "ERROR").collect();
+    assert!(errors.is_empty(), "ERROR lines: {errors:?}");
+    let warned = events
+        .iter()
+        .filter(|e| e["level"] == "WARN" && e["message"] == "request refused by the HTTP parser")
+        .count();
+    assert_eq!(warned, refused.len(), "{log}");
 }

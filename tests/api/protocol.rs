@@ -1,0 +1,110 @@
+//! Requests the HTTP parser itself refuses, before any route: still problem documents,
+//! sent over raw TCP since no HTTP client would send them.
+
+use crate::helpers::{StoreKind, TestApp, assert_raw_problem};
+
+/// One request the parser refuses: what is sent, the answer's status, type and instance.
+pub struct Refused {
+    pub name: &'static str,
+    pub request: Vec<u8>,
+    pub status: u16,
+    pub kind: &'static str,
+    /// `None` where the parser has consumed the head before refusing it (framing headers),
+    /// so that the target cannot be told any more.
+    pub instance: Option<String>,
+}
+
+fn head(request_line: &str, headers: &str) -> Vec<u8> {
+    format!("{request_line}\r\nHost: x\r\n{headers}\r\n").into_bytes()
+}
+
+pub fn refused_requests() -> Vec<Refused> {
+    let many_headers: String = (0..101).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let long_path = format!("/{}", "a".repeat(100 * 1024));
+    let bad = |name, request, instance: Option<&str>| Refused {
+        name,
+        request,
+        status: 400,
+        kind: "malformed-request",
+        instance: instance.map(str::to_owned),
+    };
+    vec![
+        bad(
+            "control byte in the path",
+            head("GET /lo\x01cks HTTP/1.1", ""),
+            Some("/lo%01cks"),
+        ),
+        bad(
+            "control byte in a header value",
+            head("GET /healthz HTTP/1.1", "X-A: a\x01b\r\n"),
+            Some("/healthz"),
+        ),
+        bad(
+            "space in a header name",
+            head("GET /healthz HTTP/1.1", "X A: b\r\n"),
+            Some("/healthz"),
+        ),
+        bad(
+            "non-numeric Content-Length",
+            head(
+                "POST /locks/a HTTP/1.1",
+                "Content-Type: application/json\r\nContent-Length: abc\r\n",
+            ),
+            None,
+        ),
+        bad(
+            "Content-Length with Transfer-Encoding",
+            [
+                head(
+                    "POST /locks/a HTTP/1.1",
+                    "Content-Type: application/json\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+                ),
+                b"0\r\n\r\n".to_vec(),
+            ]
+            .concat(),
+            None,
+        ),
+        Refused {
+            name: "101 headers",
+            request: head("GET /healthz HTTP/1.1", &many_headers),
+            status: 431,
+            kind: "headers-too-large",
+            instance: Some("/healthz".to_owned()),
+        },
+        bad(
+            "100 KiB path",
+            head(&format!("GET {long_path} HTTP/1.1"), ""),
+            Some(&format!("{}...", &long_path[..256])),
+        ),
+    ]
+}
+
+/// Every refusal of the HTTP parser is a problem document, with the request target as its
+/// instance where it can still be told.
+async fn parser_refusals_are_problem_documents(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    for case in refused_requests() {
+        let response = app.raw(&case.request).await;
+        let problem = assert_raw_problem(&response, case.status, case.kind);
+        if let Some(instance) = &case.instance {
+            assert_eq!(problem["instance"], *instance, "{}", case.name);
+        }
+        // The server is fine afterwards.
+        assert_eq!(app.get("/healthz").await.status(), 200, "{}", case.name);
+    }
+}
+
+/// A `CONNECT` names an authority, not a path: the problem's instance is that target.
+async fn connect_gets_its_target_as_instance(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let response = app
+        .raw(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+        .await;
+    let problem = assert_raw_problem(&response, 404, "not-found");
+    assert_eq!(problem["instance"], "example.com:443");
+}
+
+contract!(
+    parser_refusals_are_problem_documents,
+    connect_gets_its_target_as_instance,
+);

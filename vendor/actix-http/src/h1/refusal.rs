@@ -1,0 +1,30 @@
+//! fencelock patch (see the workspace's `vendor/README.md`): a hook that renders the body of
+//! the answers the HTTP/1 dispatcher writes by itself, without calling any service: `400` for
+//! a request it cannot parse, `431` for a head that is too large, `408` for a head that does
+//! not arrive in time. Unpatched, these go out with an empty body.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, StatusCode};
+
+use crate::{body::BoxBody, Response};
+
+/// Renders the answer for `status`, given the start of what the client sent (which may hold
+/// a request line, or not); returns its `Content-Type` and body.
+pub type RefusalRenderer = fn(StatusCode, &[u8]) -> (HeaderValue, Bytes);
+
+static RENDERER: std::sync::OnceLock<RefusalRenderer> = std::sync::OnceLock::new();
+
+/// Installs the renderer for the whole process; the first one installed stays.
+pub fn set_refusal_renderer(render: RefusalRenderer) {
+    let _ = RENDERER.set(render);
+}
+
+/// The body for a response the dispatcher makes itself; empty without a renderer.
+pub(crate) fn body(res: &mut Response<()>, received: &[u8]) -> BoxBody {
+    let Some(render) = RENDERER.get() else {
+        return BoxBody::new(());
+    };
+    let (content_type, body) = render(res.status(), received);
+    res.headers_mut().insert(header::CONTENT_TYPE, content_type);
+    BoxBody::new(body)
+}
