@@ -58,6 +58,9 @@ fn split_connections(cap: u64) -> (usize, usize) {
     (workers, (cap / workers).max(1))
 }
 
+/// See `client_disconnect_timeout` in [`Application::with_store`].
+const DISCONNECT_LINGER: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// A bound, configured server that has not started serving yet.
 pub struct Application {
     port: u16,
@@ -114,6 +117,10 @@ impl Application {
         // after it, and `input` bounds the body by it.
         .client_request_timeout(request_timeout)
         .keep_alive(request_timeout)
+        // After a final answer (a `408`, or any answer to a request whose body was never
+        // read), wait this long for the client to close before closing ourselves, instead
+        // of actix's default second: a slow client is cut off close to the request timeout.
+        .client_disconnect_timeout(DISCONNECT_LINGER)
         .workers(workers)
         .max_connections(per_worker)
         .listen(listener)?
