@@ -29,7 +29,7 @@ use crate::store::{StoreConfig, StoreOptions};
 pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
 pub const DEFAULT_PURGE_GRACE_SECONDS: u64 = 3600;
 pub const DEFAULT_PURGE_INTERVAL_SECONDS: u64 = 60;
-pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 10_000;
+pub use crate::http::body::DEFAULT_REQUEST_TIMEOUT_MS;
 
 #[derive(Debug, Parser)]
 #[command(

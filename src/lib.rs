@@ -1,27 +1,52 @@
-//! fencelock: a lease server that hands out time-limited locks with fencing tokens.
+//! fencelock: a lease server that hands out time-limited locks with fencing tokens, the write
+//! guard for the services it protects, and a client for the workers that hold leases.
 //!
-//! # Layout
-//! - [`config`]: flags and environment, parsed into [`config::Settings`].
-//! - [`startup`]: [`startup::Application`], built the same way by `main` and the tests.
-//! - [`domain`]: validated types (`ResourceName`, `Owner`, `Ttl`, `Fence`) and the store's
-//!   requests and outcomes.
-//! - [`input`]: request bodies into domain types, with the contract's order of checks.
-//! - [`problem`]: the one error enum and its RFC 9457 rendering.
-//! - [`guard`]: the write guard for protected services (`Fencing-Token`, atomic fence check).
-//! - [`client`]: the worker client (acquire/renew/release/inspect, bounded retry, a
-//!   self-renewing `Lease` that reports its loss).
-//! - [`routes`]: HTTP handlers and the request middleware.
-//! - [`store`]: the [`store::LeaseStore`] trait, PostgreSQL and SQLite.
-//! - [`shutdown`], [`telemetry`]: process signals and logging.
+//! # Layers
+//! Each layer uses only the layers above it in this list, never one below:
+//!
+//! 1. [`domain`]: validated types (`ResourceName`, `Owner`, `Ttl`, `Fence`), the store's
+//!    requests and outcomes, and the lease rules as pure functions (`domain::decide`).
+//! 2. [`store`]: the [`store::LeaseStore`] trait, its configuration and its purge chore, and
+//!    the PostgreSQL and SQLite stores. It knows nothing of HTTP.
+//! 3. [`http`]: the HTTP toolkit every fencelock service shares: the one error type and its
+//!    RFC 9457 rendering (a store failure is a `503` or a `500`), body reading, the request
+//!    middleware, `404`/`405` answers.
+//! 4. [`guard`] (on [`http`] and [`domain`]): the write guard for protected services
+//!    (`Fencing-Token`, the atomic fence check for PostgreSQL and SQLite).
+//! 5. [`routes`] (on all of the above): the lease server's handlers: parse, ask the store,
+//!    render.
+//! 6. [`config`], [`startup`], [`shutdown`], [`telemetry`]: the server process: settings,
+//!    the app built the same way by `main` and the tests, signals, logging.
+//!
+//! [`client`] stands apart: the worker client (acquire/renew/release/inspect, bounded retry,
+//! a self-renewing `Lease`) on [`domain`] alone.
+//!
+//! # Features
+//! - `server` (default): the lease server, both stores, and everything below.
+//! - `client` (default): the worker client. `default-features = false, features =
+//!   ["client"]` builds it without actix-web, SQLite or PostgreSQL.
+//! - `guard-postgres`, `guard-sqlite` (both in `server`): the write guard for a service whose
+//!   data lives in PostgreSQL or SQLite; either brings in `http`.
+//! - `http`: the HTTP toolkit alone.
 
-pub mod client;
-pub mod config;
 pub mod domain;
+
+#[cfg(feature = "client")]
+pub mod client;
+#[cfg(feature = "guard")]
 pub mod guard;
-pub mod input;
-pub mod problem;
+#[cfg(feature = "http")]
+pub mod http;
+
+#[cfg(feature = "server")]
+pub mod config;
+#[cfg(feature = "server")]
 pub mod routes;
+#[cfg(feature = "server")]
 pub mod shutdown;
+#[cfg(feature = "server")]
 pub mod startup;
+#[cfg(feature = "server")]
 pub mod store;
+#[cfg(feature = "server")]
 pub mod telemetry;

@@ -9,7 +9,7 @@ use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
 
 use crate::config::Settings;
-use crate::input::RequestTimeout;
+use crate::http::{self, body::RequestTimeout};
 use crate::routes::{self, AppState};
 use crate::store::purge::Purge;
 use crate::store::{self, SharedStore};
@@ -99,14 +99,14 @@ impl Application {
             store_timeout: settings.store_timeout,
         });
         let request_timeout = settings.request_timeout;
-        routes::install_refusal_renderer();
+        http::install_refusal_renderer();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(state.clone())
                 .app_data(RequestTimeout(request_timeout))
                 .configure(routes::configure)
-                .default_service(web::to(routes::not_found))
-                .wrap(from_fn(routes::observe))
+                .default_service(web::to(http::not_found))
+                .wrap(from_fn(http::observe))
         })
         // main owns the signals (see `shutdown`), so tests can stop a server through its handle
         // without signalling the whole process.

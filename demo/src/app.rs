@@ -24,9 +24,8 @@ use anyhow::Context as _;
 use chrono::SecondsFormat;
 use fencelock::domain::ResourceName;
 use fencelock::guard::{self, FencingToken};
-use fencelock::input::read_json;
-use fencelock::problem::{ApiError, FieldError};
-use fencelock::routes;
+use fencelock::http::body::read_json;
+use fencelock::http::{self, ApiError, FieldError};
 use fencelock::store::StoreError;
 use serde_json::json;
 
@@ -75,7 +74,7 @@ impl DemoServer {
             store: docs,
             timeout: store_timeout,
         });
-        routes::install_refusal_renderer();
+        http::install_refusal_renderer();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(docs.clone())
@@ -83,15 +82,15 @@ impl DemoServer {
                     web::resource("/docs/{key}")
                         .route(web::put().to(put_doc))
                         .route(web::get().to(get_doc))
-                        .default_service(web::to(routes::not_allowed("GET, PUT"))),
+                        .default_service(web::to(http::not_allowed("GET, PUT"))),
                 )
                 .service(
                     web::resource("/docs/{key}/writes")
                         .route(web::get().to(list_writes))
-                        .default_service(web::to(routes::not_allowed("GET"))),
+                        .default_service(web::to(http::not_allowed("GET"))),
                 )
-                .default_service(web::to(routes::not_found))
-                .wrap(from_fn(routes::observe))
+                .default_service(web::to(http::not_found))
+                .wrap(from_fn(http::observe))
         })
         .disable_signals()
         .listen(listener)?

@@ -13,7 +13,9 @@
 //! Because the check holds the key's guard row locked until the transaction ends, no write
 //! with a lower fence can slip in between the check and the commit.
 
+#[cfg(feature = "guard-postgres")]
 pub mod postgres;
+#[cfg(feature = "guard-sqlite")]
 pub mod sqlite;
 
 use std::future::{Ready, ready};
@@ -23,7 +25,7 @@ use actix_web::http::header::HeaderMap;
 use actix_web::{FromRequest, HttpRequest};
 
 use crate::domain::Fence;
-use crate::problem::ApiError;
+use crate::http::ApiError;
 
 /// The header a writer sends its fence in.
 pub const FENCING_TOKEN: &str = "Fencing-Token";

@@ -4,7 +4,7 @@ use actix_web::{HttpResponse, web};
 use serde_json::json;
 
 use super::AppState;
-use crate::problem::ApiError;
+use crate::http::ApiError;
 
 /// `200` while the process runs; touches nothing else.
 pub async fn healthz() -> HttpResponse {

@@ -4,13 +4,12 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
-use super::AppState;
+use super::{AppState, parse};
 use crate::domain::{
-    AcquireOutcome, AcquireRequest, Acquisition, Fence, Lease, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest,
+    AcquireOutcome, Acquisition, Fence, Lease, ReleaseOutcome, RenewOutcome, ResourceName,
 };
-use crate::input::{Fields, read_object};
-use crate::problem::ApiError;
+use crate::http::ApiError;
+use crate::http::body::read_object;
 
 /// A lease as clients see it. `owner` is shown only to the request that presented it.
 #[derive(Serialize)]
@@ -67,17 +66,7 @@ pub async fn acquire(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let mut fields = Fields::new(read_object(&req, payload).await?);
-    let resource = fields.resource(&path);
-    let owner = fields.owner();
-    let ttl = fields.ttl(state.max_ttl);
-    let request = fields.finish(|| {
-        Some(AcquireRequest {
-            resource: resource?,
-            owner: owner?,
-            ttl: ttl?,
-        })
-    })?;
+    let request = parse::acquire(&path, read_object(&req, payload).await?, state.max_ttl)?;
 
     let outcome = state
         .write(|deadline| state.store.acquire(&request, deadline))
@@ -116,9 +105,7 @@ pub async fn inspect(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let mut fields = Fields::empty();
-    let resource = fields.resource(&path);
-    let resource = fields.finish(|| resource)?;
+    let resource = parse::resource(&path)?;
 
     match state.ask(state.store.inspect(&resource)).await? {
         Some(lease) => Ok(HttpResponse::Ok().json(LockView::without_owner(&lease))),
@@ -133,19 +120,7 @@ pub async fn renew(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let mut fields = Fields::new(read_object(&req, payload).await?);
-    let resource = fields.resource(&path);
-    let owner = fields.owner();
-    let ttl = fields.ttl(state.max_ttl);
-    let fence = fields.fence();
-    let request = fields.finish(|| {
-        Some(RenewRequest {
-            resource: resource?,
-            owner: owner?,
-            ttl: ttl?,
-            fence: fence?,
-        })
-    })?;
+    let request = parse::renew(&path, read_object(&req, payload).await?, state.max_ttl)?;
 
     match state
         .write(|deadline| state.store.renew(&request, deadline))
@@ -185,17 +160,7 @@ pub async fn release(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let mut fields = Fields::new(read_object(&req, payload).await?);
-    let resource = fields.resource(&path);
-    let owner = fields.owner();
-    let fence = fields.fence();
-    let request = fields.finish(|| {
-        Some(ReleaseRequest {
-            resource: resource?,
-            owner: owner?,
-            fence: fence?,
-        })
-    })?;
+    let request = parse::release(&path, read_object(&req, payload).await?)?;
 
     match state
         .write(|deadline| state.store.release(&request, deadline))
@@ -214,11 +179,11 @@ pub async fn release(
     }
 }
 
-fn no_live_lease(resource: &crate::domain::ResourceName) -> ApiError {
+fn no_live_lease(resource: &ResourceName) -> ApiError {
     ApiError::NotFound(format!("there is no live lease on {resource}"))
 }
 
-fn stale_fence(resource: &crate::domain::ResourceName, current: Fence) -> ApiError {
+fn stale_fence(resource: &ResourceName, current: Fence) -> ApiError {
     ApiError::StaleFence {
         detail: format!(
             "the fence given is not the fence of the live lease on {resource}; it belongs to an older lease"

@@ -1,17 +1,16 @@
-//! HTTP routes, and the middleware every request passes through.
+//! The lease server's routes: each handler parses its request (`parse`), asks the store,
+//! and renders the outcome. The HTTP toolkit they stand on is [`crate::http`].
 
 mod health;
 mod locks;
-mod observe;
+mod parse;
 
 use std::time::Duration;
 
-use actix_web::{HttpRequest, web};
-
-pub use observe::{install_refusal_renderer, instance_of, observe};
+use actix_web::web;
 
 use crate::domain::Ttl;
-use crate::problem::ApiError;
+use crate::http::{ApiError, not_allowed};
 use crate::store::{Deadline, SharedStore, StoreError};
 
 /// How much longer than a write's deadline its request waits for the store's answer. The
@@ -112,24 +111,4 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route(web::post().to(locks::renew))
             .default_service(web::to(not_allowed("POST"))),
     );
-}
-
-/// The app's default service: no route matched the path.
-pub async fn not_found(req: HttpRequest) -> Result<actix_web::HttpResponse, ApiError> {
-    Err(ApiError::NotFound(format!(
-        "no route for {}",
-        instance_of(req.uri())
-    )))
-}
-
-/// A handler answering `405` with the given `Allow` list; for a resource's default service.
-pub fn not_allowed(
-    allow: &'static str,
-) -> impl Fn(HttpRequest) -> std::future::Ready<Result<actix_web::HttpResponse, ApiError>> + Clone {
-    move |req: HttpRequest| {
-        std::future::ready(Err(ApiError::MethodNotAllowed {
-            method: req.method().to_string(),
-            allow,
-        }))
-    }
 }

@@ -1,8 +1,7 @@
-//! Reading request bodies and turning their fields into domain types, once, at the edge.
-//!
-//! The order of checks is the contract's: media type and content encoding (`415`), size
-//! (`413`), JSON syntax and shape (`400`), then every field rule at once (`422`, listing each
-//! bad field). All of it happens before the store is asked.
+//! Reading request bodies, with the contract's order of checks: media type and content
+//! encoding (`415`), size (`413`), JSON syntax and shape (`400`). The field rules (`422`)
+//! belong to each service (the lease server's are in `routes::parse`); the helpers at the end
+//! read one field's raw JSON text strictly.
 //!
 //! Fields are kept as their raw JSON text until a field rule reads them: serde_json cannot
 //! hold a number beyond the float range (`1e400`, 400 digits) in a `Value`, and such a number
@@ -18,11 +17,13 @@ use futures_util::StreamExt as _;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::domain::{Fence, Owner, ResourceName, Ttl};
-use crate::problem::{ApiError, FieldError};
+use super::problem::ApiError;
 
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// The default of `--request-timeout-ms`.
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 10_000;
 
 /// Longest a request body may take to arrive once its handler starts reading it; an app sets
 /// it with `App::app_data`, else the default of `--request-timeout-ms` holds. Without it a
@@ -33,9 +34,7 @@ pub struct RequestTimeout(pub Duration);
 
 impl Default for RequestTimeout {
     fn default() -> Self {
-        Self(Duration::from_millis(
-            crate::config::DEFAULT_REQUEST_TIMEOUT_MS,
-        ))
+        Self(Duration::from_millis(DEFAULT_REQUEST_TIMEOUT_MS))
     }
 }
 
@@ -200,93 +199,8 @@ fn require_identity(req: &HttpRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The fields of one request, taken one by one; every problem is collected so that a `422`
-/// lists them all, and fields nobody took are reported as unknown.
-pub struct Fields {
-    map: Object,
-    errors: Vec<FieldError>,
-}
-
-impl Fields {
-    pub fn new(map: Object) -> Self {
-        Self {
-            map,
-            errors: Vec::new(),
-        }
-    }
-
-    /// For requests without a body: only the path is checked.
-    pub fn empty() -> Self {
-        Self::new(Object::new())
-    }
-
-    /// The `{resource}` path segment.
-    pub fn resource(&mut self, raw: &str) -> Option<ResourceName> {
-        ResourceName::parse(raw)
-            .map_err(|e| self.reject("resource", e))
-            .ok()
-    }
-
-    pub fn owner(&mut self) -> Option<Owner> {
-        let Some(raw) = self.take("owner") else {
-            self.reject("owner", "is required");
-            return None;
-        };
-        let text = string(&raw).map_err(|m| self.reject("owner", m)).ok()?;
-        Owner::parse(&text)
-            .map_err(|e| self.reject("owner", e))
-            .ok()
-    }
-
-    pub fn ttl(&mut self, max: Ttl) -> Option<Ttl> {
-        let Some(raw) = self.take("ttl_seconds") else {
-            self.reject("ttl_seconds", "is required");
-            return None;
-        };
-        let seconds = integer(&raw)
-            .map_err(|m| self.reject("ttl_seconds", m))
-            .ok()?;
-        Ttl::new(seconds, max)
-            .map_err(|e| self.reject("ttl_seconds", e))
-            .ok()
-    }
-
-    /// Optional: absent or `null` is `Some(None)`; `None` means the field was invalid.
-    pub fn fence(&mut self) -> Option<Option<Fence>> {
-        let Some(raw) = self.take("fence") else {
-            return Some(None);
-        };
-        let number = integer(&raw).map_err(|m| self.reject("fence", m)).ok()?;
-        Fence::new(number)
-            .map(Some)
-            .map_err(|e| self.reject("fence", e))
-            .ok()
-    }
-
-    /// Rejects unknown fields and any collected problem; otherwise builds the request.
-    pub fn finish<T>(mut self, build: impl FnOnce() -> Option<T>) -> Result<T, ApiError> {
-        let unknown: Vec<String> = self.map.keys().cloned().collect();
-        for field in unknown {
-            self.reject(field, "is not a known field");
-        }
-        if !self.errors.is_empty() {
-            return Err(ApiError::Validation(self.errors));
-        }
-        build().ok_or_else(|| ApiError::Internal(anyhow::anyhow!("a field went missing")))
-    }
-
-    /// The field's raw text; absent and `null` are both `None`.
-    fn take(&mut self, field: &str) -> Option<Box<RawValue>> {
-        self.map.remove(field).filter(|raw| raw.get() != "null")
-    }
-
-    fn reject(&mut self, field: impl Into<String>, message: impl ToString) {
-        self.errors.push(FieldError::new(field, message));
-    }
-}
-
 /// A JSON string.
-fn string(raw: &RawValue) -> Result<String, String> {
+pub fn string(raw: &RawValue) -> Result<String, String> {
     match raw_kind(raw) {
         "a string" => serde_json::from_str(raw.get()).map_err(|e| format!("is not a string: {e}")),
         other => Err(format!("must be a JSON string, got {other}")),
@@ -295,7 +209,7 @@ fn string(raw: &RawValue) -> Result<String, String> {
 
 /// A JSON integer, strictly: not a string, not `60.0` or `1e2`, not `true`, not beyond i64.
 /// Read from the raw text, so a number of any size or precision gets here and is judged.
-fn integer(raw: &RawValue) -> Result<i64, String> {
+pub fn integer(raw: &RawValue) -> Result<i64, String> {
     let text = raw.get();
     match raw_kind(raw) {
         "a number" => {}
@@ -319,7 +233,7 @@ fn shown(text: &str) -> String {
 
 /// What kind of JSON value the raw text is; its first character tells, as the text is valid
 /// JSON and starts at the value.
-fn raw_kind(raw: &RawValue) -> &'static str {
+pub fn raw_kind(raw: &RawValue) -> &'static str {
     match raw.get().as_bytes().first() {
         Some(b'n') => "null",
         Some(b't' | b'f') => "a boolean",
@@ -333,90 +247,41 @@ fn raw_kind(raw: &RawValue) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
-    fn fields(v: Value) -> Fields {
-        from_text(&v.to_string())
-    }
-
-    fn from_text(body: &str) -> Fields {
-        let UniqueKeys(map) = serde_json::from_str(body).expect("tests pass objects");
-        Fields::new(map)
-    }
-
-    fn day() -> Ttl {
-        Ttl::max(86_400).unwrap()
+    fn raw(text: &str) -> Box<RawValue> {
+        serde_json::from_str(text).unwrap()
     }
 
     #[test]
-    fn ttl_must_be_a_strict_integer_in_range() {
-        for bad in [
-            json!(0),
-            json!(-1),
-            json!("60"),
-            json!(60.0),
-            json!(true),
-            json!(1e300),
-            json!(i64::MAX),
-            json!(u64::MAX),
-            json!(86_401),
-        ] {
-            let mut f = fields(json!({ "ttl_seconds": bad }));
-            assert!(f.ttl(day()).is_none(), "{bad} accepted");
-            assert_eq!(f.errors.len(), 1);
-            assert_eq!(f.errors[0].field, "ttl_seconds");
-        }
-        let mut f = fields(json!({ "ttl_seconds": 30 }));
-        assert_eq!(f.ttl(day()).unwrap().seconds(), 30);
-    }
-
-    #[test]
-    fn numbers_beyond_float_range_are_field_errors() {
+    fn integers_are_strict_and_any_size_is_judged() {
+        assert_eq!(integer(&raw("30")), Ok(30));
+        assert_eq!(integer(&raw("-3")), Ok(-3));
         let huge = "9".repeat(400);
-        for bad in ["1e400", "-1e400", huge.as_str(), "1e2", "0.5e-400"] {
-            let mut f = from_text(&format!(r#"{{"ttl_seconds": {bad}, "fence": {bad}}}"#));
-            assert!(f.ttl(day()).is_none(), "{bad} accepted as ttl");
-            assert_eq!(f.fence(), None, "{bad} accepted as fence");
-            let fields: Vec<&str> = f.errors.iter().map(|e| e.field.as_str()).collect();
-            assert_eq!(fields, ["ttl_seconds", "fence"]);
-            assert!(
-                f.errors.iter().all(|e| e.message.len() < 100),
-                "{:?}",
-                f.errors
-            );
+        for bad in [
+            "60.0",
+            "1e2",
+            "1e400",
+            "-1e400",
+            "0.5e-400",
+            huge.as_str(),
+            "\"60\"",
+            "true",
+        ] {
+            let message = integer(&raw(bad)).unwrap_err();
+            assert!(message.len() < 100, "{message}");
         }
-        let f = from_text(r#"{"ttl": 1e400}"#);
-        let Err(ApiError::Validation(errors)) = f.finish(|| Some(())) else {
-            panic!("expected a validation error");
-        };
-        assert_eq!(errors, [FieldError::new("ttl", "is not a known field")]);
     }
 
     #[test]
-    fn all_problems_are_listed_together() {
-        let f = {
-            let mut f = fields(json!({ "owner": " ", "ttl": 5, "extra": 1 }));
-            let _ = f.owner();
-            let _ = f.ttl(day());
-            f
-        };
-        let Err(ApiError::Validation(errors)) = f.finish(|| Some(())) else {
-            panic!("expected a validation error");
-        };
-        let names: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
-        assert_eq!(names, ["owner", "ttl_seconds", "extra", "ttl"]);
+    fn strings_are_strings() {
+        assert_eq!(string(&raw("\"a b\"")), Ok("a b".to_owned()));
+        assert!(string(&raw("5")).is_err());
+        assert!(string(&raw("null")).is_err());
     }
 
     #[test]
-    fn fence_is_optional_but_positive() {
-        assert_eq!(fields(json!({})).fence(), Some(None));
-        assert_eq!(fields(json!({ "fence": null })).fence(), Some(None));
-        assert_eq!(
-            fields(json!({ "fence": 7 })).fence(),
-            Some(Some(Fence::new(7).unwrap()))
-        );
-        for bad in [json!(0), json!(-3), json!("7"), json!(7.5)] {
-            assert_eq!(fields(json!({ "fence": bad })).fence(), None);
-        }
+    fn a_field_given_twice_is_refused() {
+        assert!(serde_json::from_str::<UniqueKeys>(r#"{"a": 1, "b": 2}"#).is_ok());
+        assert!(serde_json::from_str::<UniqueKeys>(r#"{"a": 1, "a": 2}"#).is_err());
     }
 }

@@ -1,6 +1,6 @@
-//! The one middleware: turns every error into a problem document for its request path, logs
-//! server-side errors once (with their cause, which the client never sees), and writes one
-//! line per request.
+//! The one middleware: writes every error's problem document, once, for its request path;
+//! logs server-side errors once (with their cause, which the client never sees); and writes
+//! one line per request.
 //!
 //! Requests the HTTP parser refuses never reach the middleware: actix-http answers them
 //! itself. [`refused_by_parser`] renders those answers as problem documents too, through the
@@ -17,7 +17,7 @@ use actix_web::http::header::HeaderValue;
 use actix_web::middleware::Next;
 use actix_web::web::Bytes;
 
-use crate::problem::{ApiError, PROBLEM_JSON};
+use super::problem::{ApiError, PROBLEM_JSON};
 
 /// Longest request target quoted back as a problem's `instance`.
 const MAX_INSTANCE_BYTES: usize = 256;
@@ -34,12 +34,14 @@ pub async fn observe(
     let response = match response.response().error() {
         None => response.map_into_boxed_body(),
         Some(error) => {
+            // An error of fencelock's own has set its status and headers already; one of the
+            // framework's is answered as the problem its status stands for.
             let fallback;
-            let api = match error.as_error::<ApiError>() {
-                Some(api) => api,
+            let (api, head) = match error.as_error::<ApiError>() {
+                Some(api) => (api, None),
                 None => {
                     fallback = ApiError::from_status(response.status());
-                    &fallback
+                    (&fallback, Some(fallback.response_head()))
                 }
             };
             match api {
@@ -54,8 +56,12 @@ pub async fn observe(
                 }
                 _ => {}
             }
-            let problem = api.to_problem(&path);
-            response.into_response(problem).map_into_boxed_body()
+            let document = api.problem_json(&path);
+            let response = match head {
+                Some(head) => response.into_response(head),
+                None => response.map_into_boxed_body(),
+            };
+            response.map_body(|_, _| BoxBody::new(document))
         }
     };
 

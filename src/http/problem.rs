@@ -1,8 +1,9 @@
 //! The one error type of the HTTP API and its one mapping to RFC 9457 problem responses.
 //!
-//! Handlers return `Result<_, ApiError>` and use bare `?`. The response body is rendered here;
-//! the `instance` (the request path) is filled in by the middleware in `routes::observe`,
-//! which sees every error response together with its request.
+//! Handlers return `Result<_, ApiError>` and use bare `?`. An error becomes a response in two
+//! halves: [`ApiError`]'s `ResponseError` sets the status and headers, and the middleware
+//! ([`super::observe`]), which sees every error response together with its request, writes
+//! the problem document once, with the request path as its `instance`.
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
@@ -10,7 +11,6 @@ use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
 use crate::domain::Fence;
-use crate::store::StoreError;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -135,8 +135,7 @@ impl ApiError {
         }
     }
 
-    /// The problem document as JSON, for answers written outside actix-web's response path
-    /// (see `routes::observe::refused_by_parser`).
+    /// The problem document for a request to `instance`, as JSON.
     pub fn problem_json(&self, instance: &str) -> Vec<u8> {
         serde_json::to_vec(&self.problem(instance)).expect("a problem document serialises")
     }
@@ -160,11 +159,10 @@ impl ApiError {
         body
     }
 
-    /// Renders the problem document for a request to `instance`.
-    pub fn to_problem(&self, instance: &str) -> HttpResponse {
-        let status = self.status_and_type().0;
-        let body = self.problem(instance);
-        let mut response = HttpResponse::build(status);
+    /// The status line and headers of this error's answer; the body, the problem document,
+    /// is written by the middleware, which knows the request ([`Self::problem_json`]).
+    pub(super) fn response_head(&self) -> HttpResponse {
+        let mut response = HttpResponse::build(self.status_and_type().0);
         response.insert_header((header::CONTENT_TYPE, PROBLEM_JSON));
         match self {
             Self::StoreUnavailable(_) | Self::StoreNotWritable(_) | Self::NotReady(_) => {
@@ -180,7 +178,7 @@ impl ApiError {
             }
             _ => {}
         }
-        response.json(body)
+        response.finish()
     }
 
     /// A problem for an error that did not come from fencelock's own code (the framework's
@@ -192,7 +190,7 @@ impl ApiError {
             StatusCode::FORBIDDEN => Self::Forbidden(detail()),
             StatusCode::NOT_FOUND => Self::NotFound("no such route".to_owned()),
             StatusCode::PAYLOAD_TOO_LARGE => Self::PayloadTooLarge {
-                limit: crate::input::MAX_BODY_BYTES,
+                limit: super::body::MAX_BODY_BYTES,
             },
             StatusCode::UNSUPPORTED_MEDIA_TYPE => Self::UnsupportedMediaType(detail()),
             StatusCode::SERVICE_UNAVAILABLE => {
@@ -204,8 +202,12 @@ impl ApiError {
     }
 }
 
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
+/// A store that could not answer: `503` while a retry may succeed, `500` for a bug. Only with
+/// the lease store (`server`): the toolkit alone knows no store.
+#[cfg(feature = "server")]
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> Self {
+        use crate::store::StoreError;
         match e {
             StoreError::Unavailable(cause) => Self::StoreUnavailable(cause),
             StoreError::NotWritable(cause) => Self::StoreNotWritable(cause),
@@ -214,15 +216,13 @@ impl From<StoreError> for ApiError {
     }
 }
 
-/// Without the request at hand the instance is unknown; `routes::observe` replaces this
-/// response with one rendered by [`ApiError::to_problem`] for the real path.
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         self.status_and_type().0
     }
 
     fn error_response(&self) -> HttpResponse {
-        self.to_problem("")
+        self.response_head()
     }
 }
 

@@ -1,0 +1,40 @@
+//! The HTTP toolkit every fencelock service shares: the lease server, the demo store, and any
+//! service that uses the write guard. It knows the contract's problem types, but nothing of
+//! how leases are stored.
+//!
+//! - [`problem`]: the one error type, [`ApiError`], and its RFC 9457 rendering.
+//! - [`body`]: reading a request body with the contract's order of checks, and strict
+//!   readers for one field's raw JSON text.
+//! - [`middleware`]: [`observe`], which every app wraps around its routes: it writes each
+//!   problem document (with its `instance`) and logs each request; and the renderer for
+//!   requests the HTTP parser refuses.
+//! - [`not_found`] and [`not_allowed`]: the answers for unknown paths and wrong methods.
+
+pub mod body;
+pub mod middleware;
+pub mod problem;
+
+use actix_web::{HttpRequest, HttpResponse};
+
+pub use middleware::{install_refusal_renderer, observe};
+pub use problem::{ApiError, FieldError};
+
+/// An app's default service: no route matched the path.
+pub async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::NotFound(format!(
+        "no route for {}",
+        middleware::instance_of(req.uri())
+    )))
+}
+
+/// A handler answering `405` with the given `Allow` list; for a resource's default service.
+pub fn not_allowed(
+    allow: &'static str,
+) -> impl Fn(HttpRequest) -> std::future::Ready<Result<HttpResponse, ApiError>> + Clone {
+    move |req: HttpRequest| {
+        std::future::ready(Err(ApiError::MethodNotAllowed {
+            method: req.method().to_string(),
+            allow,
+        }))
+    }
+}
