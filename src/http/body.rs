@@ -19,8 +19,7 @@ use serde_json::value::RawValue;
 
 use super::problem::ApiError;
 
-/// Largest request body accepted.
-pub const MAX_BODY_BYTES: usize = 16 * 1024;
+pub use super::MAX_BODY_BYTES;
 
 /// The default of `--request-timeout-ms`.
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 10_000;

@@ -17,6 +17,10 @@ pub mod problem;
 use actix_web::{HttpRequest, HttpResponse};
 
 pub use middleware::{install_refusal_renderer, observe};
+
+/// Largest request body accepted (`413` beyond). Here, not in `body`, because the problem
+/// type names it too.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
 pub use problem::{ApiError, FieldError};
 
 /// An app's default service: no route matched the path.

@@ -190,7 +190,7 @@ impl ApiError {
             StatusCode::FORBIDDEN => Self::Forbidden(detail()),
             StatusCode::NOT_FOUND => Self::NotFound("no such route".to_owned()),
             StatusCode::PAYLOAD_TOO_LARGE => Self::PayloadTooLarge {
-                limit: super::body::MAX_BODY_BYTES,
+                limit: super::MAX_BODY_BYTES,
             },
             StatusCode::UNSUPPORTED_MEDIA_TYPE => Self::UnsupportedMediaType(detail()),
             StatusCode::SERVICE_UNAVAILABLE => {

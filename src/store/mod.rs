@@ -62,6 +62,9 @@ impl StoreError {
     }
 }
 
+/// Rows one purge step deletes at most.
+pub const PURGE_BATCH: u64 = 10_000;
+
 /// The moment after which a request's work must not take effect any more.
 ///
 /// A request that is answered `503` tells its client "unknown; retry". If the store still
@@ -129,14 +132,14 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError>;
 
     /// Deletes every lease that expired more than `grace` ago, in batches of
-    /// [`purge::BATCH`] so that purging millions of one-off resources never holds one huge
+    /// [`PURGE_BATCH`] so that purging millions of one-off resources never holds one huge
     /// transaction (nor, on SQLite, the write lock for long); returns how many.
     async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError> {
         let mut total = 0;
         loop {
-            let deleted = self.purge_batch(grace, purge::BATCH).await?;
+            let deleted = self.purge_batch(grace, PURGE_BATCH).await?;
             total += deleted;
-            if deleted < purge::BATCH {
+            if deleted < PURGE_BATCH {
                 return Ok(total);
             }
         }

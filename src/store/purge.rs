@@ -7,9 +7,6 @@ use tokio::task::JoinHandle;
 
 use super::SharedStore;
 
-/// Rows one purge step deletes at most.
-pub const BATCH: u64 = 10_000;
-
 /// The periodic purge of one store. Stop it with [`Purge::stop`].
 pub struct Purge {
     task: JoinHandle<()>,
