@@ -79,15 +79,12 @@ impl DemoServer {
             App::new()
                 .app_data(docs.clone())
                 .service(
-                    web::resource("/docs/{key}")
+                    http::resource("/docs/{key}", "GET, PUT")
                         .route(web::put().to(put_doc))
-                        .route(web::get().to(get_doc))
-                        .default_service(web::to(http::not_allowed("GET, PUT"))),
+                        .route(web::get().to(get_doc)),
                 )
                 .service(
-                    web::resource("/docs/{key}/writes")
-                        .route(web::get().to(list_writes))
-                        .default_service(web::to(http::not_allowed("GET"))),
+                    http::resource("/docs/{key}/writes", "GET").route(web::get().to(list_writes)),
                 )
                 .default_service(web::to(http::not_found))
                 .wrap(from_fn(http::observe))

@@ -11,7 +11,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Acquisition, Fence, Owner};
+use super::{Acquisition, Fence, Owner, ReleaseOutcome, RenewOutcome};
 
 /// The stored lease of a resource, live or expired, as a decision needs it.
 #[derive(Debug, Clone, Copy)]
@@ -40,29 +40,9 @@ pub enum AcquireVerdict {
     Held,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RenewVerdict {
-    /// Extend the lease, keeping its fence.
-    Renew,
-    NotFound,
-    Expired,
-    OwnerMismatch,
-    StaleFence {
-        current: Fence,
-    },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReleaseVerdict {
-    /// Delete the lease.
-    Release,
-    /// No live lease: none, or an expired one.
-    NotFound,
-    NotOwner,
-    StaleFence {
-        current: Fence,
-    },
-}
+/// Renew and release answer `Ok(())` when the store is to go ahead, and otherwise the
+/// store's answer for the refusal.
+pub type Decision<Refusal> = Result<(), Refusal>;
 
 pub fn acquire(current: Option<&Current<'_>>, owner: &Owner, now: DateTime<Utc>) -> AcquireVerdict {
     match current {
@@ -73,37 +53,39 @@ pub fn acquire(current: Option<&Current<'_>>, owner: &Owner, now: DateTime<Utc>)
     }
 }
 
+/// Whether to extend the lease (keeping its fence), or why not.
 pub fn renew(
     current: Option<&Current<'_>>,
     owner: &Owner,
     fence: Option<Fence>,
     now: DateTime<Utc>,
-) -> RenewVerdict {
+) -> Decision<RenewOutcome> {
     match current {
-        None => RenewVerdict::NotFound,
-        Some(row) if !row.is_live(now) => RenewVerdict::Expired,
-        Some(row) if !row.is_held_by(owner) => RenewVerdict::OwnerMismatch,
+        None => Err(RenewOutcome::NotFound),
+        Some(row) if !row.is_live(now) => Err(RenewOutcome::Expired),
+        Some(row) if !row.is_held_by(owner) => Err(RenewOutcome::OwnerMismatch),
         Some(row) if fence.is_some_and(|f| f != row.fence) => {
-            RenewVerdict::StaleFence { current: row.fence }
+            Err(RenewOutcome::StaleFence { current: row.fence })
         }
-        Some(_) => RenewVerdict::Renew,
+        Some(_) => Ok(()),
     }
 }
 
+/// Whether to delete the lease, or why not. An expired lease counts as none.
 pub fn release(
     current: Option<&Current<'_>>,
     owner: &Owner,
     fence: Option<Fence>,
     now: DateTime<Utc>,
-) -> ReleaseVerdict {
+) -> Decision<ReleaseOutcome> {
     match current {
-        None => ReleaseVerdict::NotFound,
-        Some(row) if !row.is_live(now) => ReleaseVerdict::NotFound,
-        Some(row) if !row.is_held_by(owner) => ReleaseVerdict::NotOwner,
+        None => Err(ReleaseOutcome::NotFound),
+        Some(row) if !row.is_live(now) => Err(ReleaseOutcome::NotFound),
+        Some(row) if !row.is_held_by(owner) => Err(ReleaseOutcome::NotOwner),
         Some(row) if fence.is_some_and(|f| f != row.fence) => {
-            ReleaseVerdict::StaleFence { current: row.fence }
+            Err(ReleaseOutcome::StaleFence { current: row.fence })
         }
-        Some(_) => ReleaseVerdict::Release,
+        Some(_) => Ok(()),
     }
 }
 
@@ -168,56 +150,49 @@ mod tests {
     }
 
     #[test]
-    fn renew_checks_expiry_then_owner_then_fence() {
-        let row = held_by_a();
-        let live = at(999);
-        let (a, b) = (owner("a"), owner("b"));
-        assert_eq!(renew(None, &a, None, live), RenewVerdict::NotFound);
-        assert_eq!(renew(Some(&row), &a, None, live), RenewVerdict::Renew);
-        assert_eq!(
-            renew(Some(&row), &a, Some(fence(7)), live),
-            RenewVerdict::Renew
-        );
-        assert_eq!(
-            renew(Some(&row), &a, Some(fence(8)), live),
-            RenewVerdict::StaleFence { current: fence(7) }
-        );
-        assert_eq!(
-            renew(Some(&row), &b, Some(fence(8)), live),
-            RenewVerdict::OwnerMismatch
-        );
-        assert_eq!(
-            renew(Some(&row), &a, Some(fence(7)), at(1_000)),
-            RenewVerdict::Expired
-        );
-        assert_eq!(
-            renew(Some(&row), &b, None, at(1_000)),
-            RenewVerdict::Expired
-        );
-    }
-
-    #[test]
-    fn release_checks_expiry_then_owner_then_fence() {
-        let row = held_by_a();
-        let live = at(999);
-        let (a, b) = (owner("a"), owner("b"));
-        assert_eq!(release(None, &a, None, live), ReleaseVerdict::NotFound);
-        assert_eq!(release(Some(&row), &a, None, live), ReleaseVerdict::Release);
-        assert_eq!(
-            release(Some(&row), &a, Some(fence(7)), live),
-            ReleaseVerdict::Release
-        );
-        assert_eq!(
-            release(Some(&row), &a, Some(fence(3)), live),
-            ReleaseVerdict::StaleFence { current: fence(7) }
-        );
-        assert_eq!(
-            release(Some(&row), &b, Some(fence(3)), live),
-            ReleaseVerdict::NotOwner
-        );
-        assert_eq!(
-            release(Some(&row), &a, None, at(1_000)),
-            ReleaseVerdict::NotFound
-        );
+    fn renew_and_release_check_expiry_then_owner_then_fence() {
+        use ReleaseOutcome as Rel;
+        use RenewOutcome as Ren;
+        let row = Some(held_by_a());
+        let (live, expired) = (at(999), at(1_000));
+        let stale = Err(Ren::StaleFence { current: fence(7) });
+        let stale_release = Err(Rel::StaleFence { current: fence(7) });
+        let (owner_mismatch, not_owner) = (Err(Ren::OwnerMismatch), Err(Rel::NotOwner));
+        let (expired_renew, expired_release) = (Err(Ren::Expired), Err(Rel::NotFound));
+        // (row, owner, fence given, now, renew's decision, release's decision)
+        let cases = [
+            (
+                None,
+                "a",
+                None,
+                live,
+                Err(Ren::NotFound),
+                Err(Rel::NotFound),
+            ),
+            (row, "a", None, live, Ok(()), Ok(())),
+            (row, "a", Some(7), live, Ok(()), Ok(())),
+            (row, "a", Some(8), live, stale, stale_release),
+            (row, "b", Some(8), live, owner_mismatch, not_owner),
+            (
+                row,
+                "a",
+                Some(7),
+                expired,
+                expired_renew.clone(),
+                expired_release.clone(),
+            ),
+            (row, "b", None, expired, expired_renew, expired_release),
+        ];
+        for (current, who, given, now, renews, releases) in cases {
+            let current = current.as_ref();
+            let (who, given) = (owner(who), given.map(fence));
+            let case = format!("{current:?} {who:?} {given:?} at {now}");
+            assert_eq!(renew(current, &who, given, now), renews, "renew: {case}");
+            assert_eq!(
+                release(current, &who, given, now),
+                releases,
+                "release: {case}"
+            );
+        }
     }
 }

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use actix_web::HttpRequest;
+use actix_web::error::PayloadError;
 use actix_web::http::header;
 use actix_web::web::{self, BytesMut};
 use futures_util::StreamExt as _;
@@ -37,12 +38,17 @@ impl Default for RequestTimeout {
     }
 }
 
+/// A request body as it arrives: `web::Payload` in a handler, `dev::Payload` in an extractor.
+pub trait Body: futures_util::Stream<Item = Result<web::Bytes, PayloadError>> + Unpin {}
+
+impl<S: futures_util::Stream<Item = Result<web::Bytes, PayloadError>> + Unpin> Body for S {}
+
 /// The fields of a JSON object body, each as its raw JSON text, ordered by name.
 pub type Object = BTreeMap<String, Box<RawValue>>;
 
 /// Reads a JSON object body, enforcing media type, size and syntax. A field given twice is
 /// refused: which of two owners was meant cannot be guessed.
-pub async fn read_object(req: &HttpRequest, payload: web::Payload) -> Result<Object, ApiError> {
+pub async fn read_object(req: &HttpRequest, payload: impl Body) -> Result<Object, ApiError> {
     let body = read_body(req, payload).await?;
     let refusal = match serde_json::from_slice::<UniqueKeys>(&body) {
         Ok(UniqueKeys(map)) => return Ok(map),
@@ -61,12 +67,27 @@ pub async fn read_object(req: &HttpRequest, payload: web::Payload) -> Result<Obj
     })
 }
 
+/// A JSON object body as a handler argument, read by [`read_object`]'s rules: its refusals
+/// (`415`, `413`, `408`, `400`) come before anything the handler checks.
+pub struct JsonObject(pub Object);
+
+impl actix_web::FromRequest for JsonObject {
+    type Error = ApiError;
+    type Future = futures_util::future::LocalBoxFuture<'static, Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut actix_web::dev::Payload) -> Self::Future {
+        let req = req.clone();
+        let payload = payload.take();
+        Box::pin(async move { read_object(&req, payload).await.map(Self) })
+    }
+}
+
 /// Reads a body holding any JSON value, enforcing media type, size and syntax.
 ///
 /// A number beyond the float range is valid JSON that a `Value` cannot hold; it is refused
 /// as a `422` on `value` (it could not be stored and shown back as it was sent), not as a
 /// `400`, which is only for bodies that are not JSON.
-pub async fn read_json(req: &HttpRequest, payload: web::Payload) -> Result<Value, ApiError> {
+pub async fn read_json(req: &HttpRequest, payload: impl Body) -> Result<Value, ApiError> {
     let body = read_body(req, payload).await?;
     serde_json::from_slice(&body).map_err(|e| {
         if serde_json::from_slice::<Box<RawValue>>(&body).is_ok() {
@@ -115,7 +136,7 @@ impl<'de> serde::Deserialize<'de> for UniqueKeys {
 }
 
 /// The raw body, after the media type and size checks.
-async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<BytesMut, ApiError> {
+async fn read_body(req: &HttpRequest, mut payload: impl Body) -> Result<BytesMut, ApiError> {
     require_json(req)?;
     require_identity(req)?;
     let declared = req

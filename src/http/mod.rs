@@ -8,7 +8,8 @@
 //! - [`middleware`]: [`observe`], which every app wraps around its routes: it writes each
 //!   problem document (with its `instance`) and logs each request; and the renderer for
 //!   requests the HTTP parser refuses.
-//! - [`not_found`] and [`not_allowed`]: the answers for unknown paths and wrong methods.
+//! - [`resource`], [`not_found`] and [`not_allowed`]: the answers for wrong methods and
+//!   unknown paths.
 
 pub mod body;
 pub mod middleware;
@@ -29,6 +30,12 @@ pub async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
         "no route for {}",
         middleware::instance_of(req.uri())
     )))
+}
+
+/// A path whose methods are added with `.route(...)`; any other method answers `405` with
+/// `allow` as its `Allow` list.
+pub fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
+    actix_web::web::resource(path).default_service(actix_web::web::to(not_allowed(allow)))
 }
 
 /// A handler answering `405` with the given `Allow` list; for a resource's default service.

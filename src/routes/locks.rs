@@ -1,6 +1,6 @@
 //! `/locks/{resource}`: acquire, inspect, renew, release.
 
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::{HttpResponse, web};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
@@ -9,7 +9,7 @@ use crate::domain::{
     AcquireOutcome, Acquisition, Fence, Lease, ReleaseOutcome, RenewOutcome, ResourceName,
 };
 use crate::http::ApiError;
-use crate::http::body::read_object;
+use crate::http::body::JsonObject;
 
 /// A lease as clients see it. `owner` is shown only to the request that presented it.
 #[derive(Serialize)]
@@ -61,12 +61,11 @@ enum AcquireResponse<'a> {
 
 /// `POST /locks/{resource}` `{"owner", "ttl_seconds"}`
 pub async fn acquire(
-    req: HttpRequest,
     path: web::Path<String>,
-    payload: web::Payload,
+    JsonObject(body): JsonObject,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = parse::acquire(&path, read_object(&req, payload).await?, state.max_ttl)?;
+    let request = parse::acquire(&path, body, state.max_ttl)?;
 
     let outcome = state
         .write(|deadline| state.store.acquire(&request, deadline))
@@ -115,12 +114,11 @@ pub async fn inspect(
 
 /// `POST /locks/{resource}/renew` `{"owner", "ttl_seconds", "fence"?}`
 pub async fn renew(
-    req: HttpRequest,
     path: web::Path<String>,
-    payload: web::Payload,
+    JsonObject(body): JsonObject,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = parse::renew(&path, read_object(&req, payload).await?, state.max_ttl)?;
+    let request = parse::renew(&path, body, state.max_ttl)?;
 
     match state
         .write(|deadline| state.store.renew(&request, deadline))
@@ -155,12 +153,11 @@ pub async fn renew(
 
 /// `DELETE /locks/{resource}` or `POST /locks/{resource}/release`, `{"owner", "fence"?}`
 pub async fn release(
-    req: HttpRequest,
     path: web::Path<String>,
-    payload: web::Payload,
+    JsonObject(body): JsonObject,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = parse::release(&path, read_object(&req, payload).await?)?;
+    let request = parse::release(&path, body)?;
 
     match state
         .write(|deadline| state.store.release(&request, deadline))

@@ -10,7 +10,7 @@ use std::time::Duration;
 use actix_web::web;
 
 use crate::domain::Ttl;
-use crate::http::{ApiError, not_allowed};
+use crate::http::{ApiError, resource};
 use crate::store::{Deadline, SharedStore, StoreError};
 
 /// How much longer than a write's deadline its request waits for the store's answer. The
@@ -79,36 +79,25 @@ fn report_not_writable(cause: &anyhow::Error) {
 
 const NOT_WRITABLE_REPORT_EVERY: Duration = Duration::from_secs(30);
 
-/// Registers every route. Each resource answers other methods with `405` and an `Allow`
-/// header; unknown paths get a `404` problem from the app's default service.
+/// Registers every route. Each path answers other methods with `405` and an `Allow` header;
+/// unknown paths get a `404` problem from the app's default service.
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    // `[^/]*` also matches an empty segment, so `/locks/` reaches the handlers and gets the
-    // contract's `422` for an empty resource name instead of a bare `404`.
+    cfg.service(resource("/healthz", "GET").route(web::get().to(health::healthz)))
+        .service(resource("/readyz", "GET").route(web::get().to(health::readyz)))
+        .configure(lock_routes);
+}
+
+/// `/locks/...`. `[^/]*` also matches an empty segment, so `/locks/` reaches the handlers and
+/// gets the contract's `422` for an empty resource name instead of a bare `404`.
+fn lock_routes(cfg: &mut web::ServiceConfig) {
     cfg.service(
-        web::resource("/healthz")
-            .route(web::get().to(health::healthz))
-            .default_service(web::to(not_allowed("GET"))),
-    )
-    .service(
-        web::resource("/readyz")
-            .route(web::get().to(health::readyz))
-            .default_service(web::to(not_allowed("GET"))),
-    )
-    .service(
-        web::resource("/locks/{resource:[^/]*}")
+        resource("/locks/{resource:[^/]*}", "GET, POST, DELETE")
             .route(web::post().to(locks::acquire))
             .route(web::get().to(locks::inspect))
-            .route(web::delete().to(locks::release))
-            .default_service(web::to(not_allowed("GET, POST, DELETE"))),
+            .route(web::delete().to(locks::release)),
     )
     .service(
-        web::resource("/locks/{resource:[^/]*}/release")
-            .route(web::post().to(locks::release))
-            .default_service(web::to(not_allowed("POST"))),
+        resource("/locks/{resource:[^/]*}/release", "POST").route(web::post().to(locks::release)),
     )
-    .service(
-        web::resource("/locks/{resource:[^/]*}/renew")
-            .route(web::post().to(locks::renew))
-            .default_service(web::to(not_allowed("POST"))),
-    );
+    .service(resource("/locks/{resource:[^/]*}/renew", "POST").route(web::post().to(locks::renew)));
 }

@@ -15,6 +15,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use tokio::sync::OnceCell;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use super::{Deadline, LeaseStore, StoreError};
@@ -295,7 +296,7 @@ impl PgStore {
     async fn query_opt(
         &self,
         sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, StoreError> {
         let client = self.client().await?;
         let statement = client.prepare_cached(sql).await.map_err(classify)?;
@@ -319,16 +320,21 @@ impl PgStore {
             .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("the database clock is unset")))
     }
 
-    /// Runs a write that carries its deadline, and takes the database's `now()` in column
-    /// `now_column` of the answer as a clock sample.
+    /// Runs a write whose last parameter is its deadline (on the database's clock, given
+    /// after `params`), and takes the database's `now()` in column `now_column` of the answer
+    /// as a clock sample.
     async fn write_opt(
         &self,
         sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        params: &[&(dyn ToSql + Sync)],
+        deadline: Deadline,
         now_column: usize,
     ) -> Result<Option<Row>, StoreError> {
+        let until = self.database_deadline(deadline).await?;
+        let mut params = params.to_vec();
+        params.push(&until);
         let sent = Instant::now();
-        let row = self.query_opt(sql, params).await?;
+        let row = self.query_opt(sql, &params).await?;
         if let Some(row) = &row {
             self.clock.sample(row.get(now_column), sent);
         }
@@ -405,15 +411,8 @@ impl LeaseStore for PgStore {
         deadline: Deadline,
     ) -> Result<AcquireOutcome, StoreError> {
         let ttl = ttl_param(req.ttl.seconds());
-        let until = self.database_deadline(deadline).await?;
-        let row = self
-            .write_opt(
-                ACQUIRE,
-                &[&req.resource.as_str(), &req.owner.as_str(), &ttl, &until],
-                3,
-            )
-            .await?;
-        let Some(row) = row else {
+        let params: [&(dyn ToSql + Sync); 3] = [&req.resource.as_str(), &req.owner.as_str(), &ttl];
+        let Some(row) = self.write_opt(ACQUIRE, &params, deadline, 3).await? else {
             return Ok(AcquireOutcome::Held);
         };
         let lease = Lease {
@@ -462,21 +461,9 @@ impl LeaseStore for PgStore {
     ) -> Result<RenewOutcome, StoreError> {
         let ttl = ttl_param(req.ttl.seconds());
         let given = req.fence.map(Fence::get);
-        let until = self.database_deadline(deadline).await?;
-        let row = self
-            .write_opt(
-                RENEW,
-                &[
-                    &req.resource.as_str(),
-                    &req.owner.as_str(),
-                    &ttl,
-                    &given,
-                    &until,
-                ],
-                5,
-            )
-            .await?;
-        let Some(row) = row else {
+        let params: [&(dyn ToSql + Sync); 4] =
+            [&req.resource.as_str(), &req.owner.as_str(), &ttl, &given];
+        let Some(row) = self.write_opt(RENEW, &params, deadline, 5).await? else {
             return Ok(RenewOutcome::NotFound);
         };
         let (live, owner_matches, current): (bool, bool, _) =
@@ -505,15 +492,9 @@ impl LeaseStore for PgStore {
         deadline: Deadline,
     ) -> Result<ReleaseOutcome, StoreError> {
         let given = req.fence.map(Fence::get);
-        let until = self.database_deadline(deadline).await?;
-        let row = self
-            .write_opt(
-                RELEASE,
-                &[&req.resource.as_str(), &req.owner.as_str(), &given, &until],
-                4,
-            )
-            .await?;
-        let Some(row) = row else {
+        let params: [&(dyn ToSql + Sync); 3] =
+            [&req.resource.as_str(), &req.owner.as_str(), &given];
+        let Some(row) = self.write_opt(RELEASE, &params, deadline, 4).await? else {
             return Ok(ReleaseOutcome::NotFound);
         };
         let (live, owner_matches, current, released): (bool, bool, _, bool) =

@@ -20,7 +20,7 @@ use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Deadline, LeaseStore, StoreError};
-use crate::domain::decide::{self, AcquireVerdict, ReleaseVerdict, RenewVerdict};
+use crate::domain::decide::{self, AcquireVerdict};
 use crate::domain::{
     AcquireOutcome, AcquireRequest, Fence, Lease, Owner, ReleaseOutcome, ReleaseRequest,
     RenewOutcome, RenewRequest, ResourceName,
@@ -414,12 +414,10 @@ fn renew(conn: &Connection, req: &RenewRequest) -> Result<RenewOutcome, StoreErr
     let Some(row) = current(conn, &req.resource)? else {
         return Ok(RenewOutcome::NotFound);
     };
-    match decide::renew(Some(&row.current()), &req.owner, req.fence, timestamp(now)?) {
-        RenewVerdict::Renew => {}
-        RenewVerdict::NotFound => return Ok(RenewOutcome::NotFound),
-        RenewVerdict::Expired => return Ok(RenewOutcome::Expired),
-        RenewVerdict::OwnerMismatch => return Ok(RenewOutcome::OwnerMismatch),
-        RenewVerdict::StaleFence { current } => return Ok(RenewOutcome::StaleFence { current }),
+    if let Err(refusal) =
+        decide::renew(Some(&row.current()), &req.owner, req.fence, timestamp(now)?)
+    {
+        return Ok(refusal);
     }
     let expires = now + req.ttl.millis();
     conn.prepare_cached("UPDATE leases SET expires_at = ?2 WHERE resource = ?1")
@@ -441,13 +439,10 @@ fn release(conn: &Connection, req: &ReleaseRequest) -> Result<ReleaseOutcome, St
     let Some(row) = current(conn, &req.resource)? else {
         return Ok(ReleaseOutcome::NotFound);
     };
-    match decide::release(Some(&row.current()), &req.owner, req.fence, timestamp(now)?) {
-        ReleaseVerdict::Release => {}
-        ReleaseVerdict::NotFound => return Ok(ReleaseOutcome::NotFound),
-        ReleaseVerdict::NotOwner => return Ok(ReleaseOutcome::NotOwner),
-        ReleaseVerdict::StaleFence { current } => {
-            return Ok(ReleaseOutcome::StaleFence { current });
-        }
+    if let Err(refusal) =
+        decide::release(Some(&row.current()), &req.owner, req.fence, timestamp(now)?)
+    {
+        return Ok(refusal);
     }
     conn.prepare_cached("DELETE FROM leases WHERE resource = ?1")
         .and_then(|mut s| s.execute([req.resource.as_str()]))

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
-use fencelock::domain::decide::{self, AcquireVerdict, Current, ReleaseVerdict, RenewVerdict};
+use fencelock::domain::decide::{self, AcquireVerdict, Current};
 use fencelock::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, Owner, ReleaseOutcome, ReleaseRequest,
     RenewOutcome, RenewRequest, ResourceName, Ttl,
@@ -125,18 +125,32 @@ fn by_the_rules(state: State, op: Op, who: &str) -> Verdict {
             AcquireVerdict::Held => V::Held,
         },
         Renew(g) => match decide::renew(current, &who, given(g, fence_of_a), now) {
-            RenewVerdict::Renew => V::Renewed,
-            RenewVerdict::NotFound => V::NotFound,
-            RenewVerdict::Expired => V::Expired,
-            RenewVerdict::OwnerMismatch => V::OwnerMismatch,
-            RenewVerdict::StaleFence { .. } => V::StaleFence,
+            Ok(()) => V::Renewed,
+            Err(refusal) => renewed(refusal),
         },
         Release(g) => match decide::release(current, &who, given(g, fence_of_a), now) {
-            ReleaseVerdict::Release => V::Released,
-            ReleaseVerdict::NotFound => V::NotFound,
-            ReleaseVerdict::NotOwner => V::NotOwner,
-            ReleaseVerdict::StaleFence { .. } => V::StaleFence,
+            Ok(()) => V::Released,
+            Err(refusal) => released(refusal),
         },
+    }
+}
+
+fn renewed(outcome: RenewOutcome) -> Verdict {
+    match outcome {
+        RenewOutcome::Renewed(_) => V::Renewed,
+        RenewOutcome::NotFound => V::NotFound,
+        RenewOutcome::Expired => V::Expired,
+        RenewOutcome::OwnerMismatch => V::OwnerMismatch,
+        RenewOutcome::StaleFence { .. } => V::StaleFence,
+    }
+}
+
+fn released(outcome: ReleaseOutcome) -> Verdict {
+    match outcome {
+        ReleaseOutcome::Released { .. } => V::Released,
+        ReleaseOutcome::NotFound => V::NotFound,
+        ReleaseOutcome::NotOwner => V::NotOwner,
+        ReleaseOutcome::StaleFence { .. } => V::StaleFence,
     }
 }
 
@@ -175,13 +189,7 @@ async fn by_the_store(app: &TestApp, resource: &str, state: State, op: Op, who: 
                 ttl: ttl(),
                 fence: given(g, fence_of_a),
             };
-            match store.renew(&request, deadline()).await.unwrap() {
-                RenewOutcome::Renewed(_) => V::Renewed,
-                RenewOutcome::NotFound => V::NotFound,
-                RenewOutcome::Expired => V::Expired,
-                RenewOutcome::OwnerMismatch => V::OwnerMismatch,
-                RenewOutcome::StaleFence { .. } => V::StaleFence,
-            }
+            renewed(store.renew(&request, deadline()).await.unwrap())
         }
         Release(g) => {
             let request = ReleaseRequest {
@@ -189,12 +197,7 @@ async fn by_the_store(app: &TestApp, resource: &str, state: State, op: Op, who: 
                 owner: owner(who),
                 fence: given(g, fence_of_a),
             };
-            match store.release(&request, deadline()).await.unwrap() {
-                ReleaseOutcome::Released { .. } => V::Released,
-                ReleaseOutcome::NotFound => V::NotFound,
-                ReleaseOutcome::NotOwner => V::NotOwner,
-                ReleaseOutcome::StaleFence { .. } => V::StaleFence,
-            }
+            released(store.release(&request, deadline()).await.unwrap())
         }
     }
 }
