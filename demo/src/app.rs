@@ -29,7 +29,7 @@ use fencelock::http::{self, ApiError, FieldError};
 use fencelock::store::StoreError;
 use serde_json::json;
 
-use crate::docs::{MAX_PAGE_LIMIT, Page, Put, SharedDocs};
+use crate::docs::{MAX_PAGE_LIMIT, Page, Put, SharedDocs, Write};
 
 /// A bound demo store that has not started serving yet.
 pub struct DemoServer {
@@ -119,9 +119,13 @@ async fn put_doc(
     payload: web::Payload,
     docs: web::Data<Docs>,
 ) -> Result<HttpResponse, ApiError> {
-    let key = key(&path)?;
-    let value = read_json(&req, payload).await?;
-    match docs.ask(docs.store.put(&key, &value, fence)).await? {
+    let write = Write {
+        key: key(&path)?,
+        value: read_json(&req, payload).await?,
+        fence,
+    };
+    let key = &write.key;
+    match docs.ask(docs.store.put(&write)).await? {
         Put::Applied(doc) => {
             tracing::info!(doc.key = %key, write.fence = fence.get(), "write applied");
             Ok(HttpResponse::Ok().json(json!({

@@ -111,20 +111,11 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
 
     let a = locks.acquire(&resource, &owner_a, ttl).await?;
     timeline.say("worker A", format!("acquires the lease: fence {}", a.fence));
-    let first = store
-        .write(
-            &resource,
-            a.fence,
-            json!({ "author": "worker A", "text": "A's report, part 1" }),
-        )
-        .await?;
+    let part_1 = report("worker A", "A's report, part 1");
+    let first = store.write(&resource, a.fence, part_1).await?;
     timeline.say(
         "worker A",
-        format!(
-            "writes part 1 with fence {} → {}",
-            a.fence,
-            first.describe()
-        ),
+        format!("writes part 1 with fence {} → {first}", a.fence),
     );
     timeline.say(
         "worker A",
@@ -145,35 +136,22 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
             b.fence, a.fence
         ),
     );
-    let b_value = json!({ "author": "worker B", "text": "B's complete report" });
+    let b_value = report("worker B", "B's complete report");
     let b_write = store.write(&resource, b.fence, b_value.clone()).await?;
     timeline.say(
         "worker B",
-        format!(
-            "writes its report with fence {} → {}",
-            b.fence,
-            b_write.describe()
-        ),
+        format!("writes its report with fence {} → {b_write}", b.fence),
     );
 
     timeline.say(
         "worker A",
         "wakes up, still believes it holds the lease, writes part 2",
     );
-    let late = store
-        .write(
-            &resource,
-            a.fence,
-            json!({ "author": "worker A", "text": "A's report, part 2 (late)" }),
-        )
-        .await?;
+    let part_2 = report("worker A", "A's report, part 2 (late)");
+    let late = store.write(&resource, a.fence, part_2).await?;
     timeline.say(
         "demo store",
-        format!(
-            "A's late write with fence {} → {}",
-            a.fence,
-            late.describe()
-        ),
+        format!("A's late write with fence {} → {late}", a.fence),
     );
 
     locks.release(&resource, &owner_b, Some(b.fence)).await?;
@@ -233,6 +211,11 @@ async fn wait_for_expiry(locks: &Client, resource: &str, ttl: Duration) -> anyho
     Ok(())
 }
 
+/// A document as the workers write it.
+fn report(author: &str, text: &str) -> Value {
+    json!({ "author": author, "text": text })
+}
+
 /// The owner is the holder's secret: a fresh random one per acquisition attempt.
 fn secret() -> String {
     format!("{:032x}", rand::random::<u128>())
@@ -268,12 +251,14 @@ struct WriteResult {
     body: Value,
 }
 
-impl WriteResult {
-    fn describe(&self) -> String {
+/// How the timeline tells the outcome: `applied`, or why not.
+impl Display for WriteResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.applied {
-            "applied".to_owned()
+            f.write_str("applied")
         } else {
-            format!(
+            write!(
+                f,
                 "REJECTED ({} {}, current fence {})",
                 self.status,
                 self.body["type"].as_str().unwrap_or("?"),

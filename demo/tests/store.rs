@@ -72,12 +72,32 @@ impl TestStore {
         self.db.execute(sql).await;
     }
 
+    /// Writes with `fence` and asserts that the write was applied.
+    async fn put_applied(&self, key: &str, fence: &str, body: &Value) {
+        let response = self.put(key, Some(fence), body).await;
+        assert_eq!(response.status(), 200, "{key} with fence {fence}");
+    }
+
     async fn put(&self, key: &str, fence: Option<&str>, body: &Value) -> reqwest::Response {
+        self.put_text(key, fence, Some("application/json"), body.to_string())
+            .await
+    }
+
+    /// A write with any content type (or none) and any body.
+    async fn put_text(
+        &self,
+        key: &str,
+        fence: Option<&str>,
+        content_type: Option<&str>,
+        body: impl Into<reqwest::Body>,
+    ) -> reqwest::Response {
         let mut request = self
             .http
             .put(format!("{}/docs/{key}", self.address))
-            .header("content-type", "application/json")
-            .body(body.to_string());
+            .body(body);
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
         if let Some(fence) = fence {
             request = request.header("Fencing-Token", fence);
         }
@@ -158,17 +178,8 @@ async fn guard_orders_writes_by_fence(kind: StoreKind) {
         applied.json::<Value>().await.unwrap(),
         json!({ "key": "doc:1", "value": { "by": "a" }, "fence": 5 })
     );
-    assert_eq!(
-        store
-            .put("doc:1", Some("5"), &json!("again"))
-            .await
-            .status(),
-        200
-    );
-    assert_eq!(
-        store.put("doc:1", Some("9"), &json!("b")).await.status(),
-        200
-    );
+    store.put_applied("doc:1", "5", &json!("again")).await;
+    store.put_applied("doc:1", "9", &json!("b")).await;
 
     let stale = problem(
         store.put("doc:1", Some("7"), &json!("late")).await,
@@ -203,8 +214,8 @@ async fn guard_orders_writes_by_fence(kind: StoreKind) {
 /// Keys are independent: a high fence on one key does not block another.
 async fn keys_are_guarded_separately(kind: StoreKind) {
     let store = TestStore::spawn(kind, Guarding::On).await;
-    assert_eq!(store.put("a", Some("100"), &json!(1)).await.status(), 200);
-    assert_eq!(store.put("b", Some("1"), &json!(2)).await.status(), 200);
+    store.put_applied("a", "100", &json!(1)).await;
+    store.put_applied("b", "1", &json!(2)).await;
 }
 
 /// Missing header: `428`; anything but a positive integer: `400`.
@@ -240,27 +251,13 @@ async fn any_json_value_is_stored(kind: StoreKind) {
     ];
     for (i, value) in values.iter().enumerate() {
         let fence = (i + 1).to_string();
-        assert_eq!(store.put("doc:v", Some(&fence), value).await.status(), 200);
+        store.put_applied("doc:v", &fence, value).await;
         assert_eq!(&store.doc("doc:v").await["value"], value);
     }
-    let no_type = store
-        .http
-        .put(format!("{}/docs/doc:v", store.address))
-        .header("Fencing-Token", "10")
-        .body("1")
-        .send()
-        .await
-        .unwrap();
+    let no_type = store.put_text("doc:v", Some("10"), None, "1").await;
     problem(no_type, 415, "unsupported-media-type").await;
-    let broken = store
-        .http
-        .put(format!("{}/docs/doc:v", store.address))
-        .header("Fencing-Token", "10")
-        .header("content-type", "application/json")
-        .body("{")
-        .send()
-        .await
-        .unwrap();
+    let json = Some("application/json");
+    let broken = store.put_text("doc:v", Some("10"), json, "{").await;
     problem(broken, 400, "malformed-request").await;
     problem(
         store.put("bad%20key", Some("1"), &json!(1)).await,
@@ -329,14 +326,8 @@ async fn concurrent_writers_leave_the_highest_fence(kind: StoreKind) {
 /// With the guard off a late, lower fence overwrites: the damage fencing prevents.
 async fn without_the_guard_late_writes_win(kind: StoreKind) {
     let store = TestStore::spawn(kind, Guarding::Off).await;
-    assert_eq!(
-        store.put("doc:1", Some("9"), &json!("b")).await.status(),
-        200
-    );
-    assert_eq!(
-        store.put("doc:1", Some("7"), &json!("late")).await.status(),
-        200
-    );
+    store.put_applied("doc:1", "9", &json!("b")).await;
+    store.put_applied("doc:1", "7", &json!("late")).await;
     assert_eq!(store.doc("doc:1").await["value"], json!("late"));
 }
 
@@ -344,7 +335,7 @@ async fn without_the_guard_late_writes_win(kind: StoreKind) {
 /// `503`: retrying would not help, and the caller must not be told to.
 async fn a_broken_schema_is_a_500_not_a_503(kind: StoreKind) {
     let store = TestStore::spawn(kind, Guarding::On).await;
-    assert_eq!(store.put("doc:1", Some("1"), &json!(1)).await.status(), 200);
+    store.put_applied("doc:1", "1", &json!(1)).await;
     store
         .sabotage("ALTER TABLE doc_writes RENAME COLUMN outcome TO gone")
         .await;
@@ -406,10 +397,7 @@ async fn the_write_log_is_paged(kind: StoreKind) {
             .status();
         assert!([200, 409].contains(&status.as_u16()), "{status}");
         if fence % 50 == 0 {
-            assert_eq!(
-                store.put("doc:other", Some("1"), &json!(0)).await.status(),
-                200
-            );
+            store.put_applied("doc:other", "1", &json!(0)).await;
         }
     }
     let expected: Vec<i64> = (1..=250)
@@ -451,7 +439,7 @@ async fn the_write_log_is_paged(kind: StoreKind) {
 /// naming the parameter, before the store is asked.
 async fn bad_page_parameters_are_422(kind: StoreKind) {
     let store = TestStore::spawn(kind, Guarding::On).await;
-    assert_eq!(store.put("doc:1", Some("1"), &json!(1)).await.status(), 200);
+    store.put_applied("doc:1", "1", &json!(1)).await;
     let cases = [
         ("limit=0", "limit"),
         ("limit=1001", "limit"),
@@ -569,13 +557,7 @@ async fn heals(mut send: impl AsyncFnMut() -> reqwest::Response, what: &str) -> 
 async fn partition_answers_503_within_the_store_timeout_then_heals() {
     let proxy = Proxy::start(postgres_addr());
     let store = TestStore::behind(&proxy).await;
-    assert_eq!(
-        store
-            .put("doc:1", Some("1"), &json!("before"))
-            .await
-            .status(),
-        200
-    );
+    store.put_applied("doc:1", "1", &json!("before")).await;
 
     proxy.freeze();
     let during = answered_in_time(

@@ -139,10 +139,12 @@ pub struct Lease {
     client: Client,
     resource: String,
     owner: OwnerSecret,
-    fence: i64,
     /// Shared with the renewal task, which publishes every change. Held here too so that
     /// watchers keep a final state after the task ends.
     state: Arc<watch::Sender<State>>,
+    /// The fence and a receiver of `state`: what [`Lease::watch`] hands out, and what the
+    /// lease's own `fence`, `is_held`, `remaining` and `lost` read.
+    view: LeaseWatch,
     /// Sending stops the task quietly (for `release`); dropping it makes the task release
     /// the lease itself (for `Drop`).
     stop: oneshot::Sender<()>,
@@ -177,7 +179,10 @@ impl Lease {
             client,
             resource: resource.to_owned(),
             owner,
-            fence: lock.fence,
+            view: LeaseWatch {
+                fence: lock.fence,
+                state: state.subscribe(),
+            },
             state,
             stop,
             task: tokio::spawn(renewer.run(stopped, term)),
@@ -192,32 +197,29 @@ impl Lease {
     /// The fencing token of this lease; it never changes (renewals keep it). Send it with
     /// every write the lease protects.
     pub fn fence(&self) -> i64 {
-        self.fence
+        self.view.fence()
     }
 
     /// True while the lease is held: not reported lost, and its safe deadline has not
     /// passed on the monotonic clock. Check it before each protected step.
     pub fn is_held(&self) -> bool {
-        self.state.borrow().is_held()
+        self.view.is_held()
     }
 
     /// How long the lease is known to stay held without another renewal (zero once lost).
     pub fn remaining(&self) -> Duration {
-        self.state.borrow().remaining()
+        self.view.remaining()
     }
 
     /// Completes when the lease is lost, with the reason. Meant for `tokio::select!` against
     /// the protected work. Cancel-safe.
     pub async fn lost(&self) -> LossReason {
-        wait_lost(self.state.subscribe()).await
+        self.view.lost().await
     }
 
     /// A cheap, cloneable view of this lease's state, for tasks doing the protected work.
     pub fn watch(&self) -> LeaseWatch {
-        LeaseWatch {
-            fence: self.fence,
-            state: self.state.subscribe(),
-        }
+        self.view.clone()
     }
 
     /// Stops renewing and releases the lease with its fence (so it can never free a newer
@@ -232,11 +234,12 @@ impl Lease {
             client,
             resource,
             owner,
-            fence,
             state,
             stop,
             task,
+            view,
         } = self;
+        let fence = view.fence;
         // An error only means the task has already ended (after a loss).
         let _ = stop.send(());
         if let Err(e) = task.await {
@@ -258,7 +261,7 @@ impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
             .field("resource", &self.resource)
-            .field("fence", &self.fence)
+            .field("fence", &self.view.fence)
             .field("state", &*self.state.borrow())
             .finish_non_exhaustive()
     }

@@ -405,24 +405,28 @@ mod tests {
 
     #[test]
     fn allowed_names_go_as_they_are_and_others_are_encoded() {
-        assert_eq!(
-            path_segment("job:42@a+b=c~d.e_f-g").unwrap(),
-            "job:42@a+b=c~d.e_f-g"
-        );
-        assert_eq!(path_segment("a/b c").unwrap(), "a%2Fb%20c");
-        assert_eq!(path_segment("ü%").unwrap(), "%C3%BC%25");
-        assert_eq!(path_segment("").unwrap(), "");
-        assert!(matches!(path_segment(".."), Err(Error::InvalidInput(_))));
-        assert!(matches!(path_segment("."), Err(Error::InvalidInput(_))));
+        for (name, segment) in [
+            ("job:42@a+b=c~d.e_f-g", "job:42@a+b=c~d.e_f-g"),
+            ("a/b c", "a%2Fb%20c"),
+            ("ü%", "%C3%BC%25"),
+            ("", ""),
+        ] {
+            assert_eq!(path_segment(name).unwrap(), segment, "{name:?}");
+        }
+        for dots in ["..", "."] {
+            let refused = path_segment(dots);
+            assert!(matches!(refused, Err(Error::InvalidInput(_))), "{dots}");
+        }
     }
 
     #[test]
     fn base_url_is_normalised() {
-        assert_eq!(
-            base_url("http://127.0.0.1:8080/").unwrap(),
-            "http://127.0.0.1:8080"
-        );
-        assert_eq!(base_url("https://h/prefix/").unwrap(), "https://h/prefix");
+        for (given, base) in [
+            ("http://127.0.0.1:8080/", "http://127.0.0.1:8080"),
+            ("https://h/prefix/", "https://h/prefix"),
+        ] {
+            assert_eq!(base_url(given).unwrap(), base, "{given}");
+        }
         for bad in ["127.0.0.1:8080", "ftp://h", "http://h/?q=1", "not a url"] {
             assert!(matches!(base_url(bad), Err(Error::Config(_))), "{bad}");
         }

@@ -15,7 +15,8 @@
 //!   behind the store's back (age a lease, count rows, set the fence counter, run SQL); and
 //!   [`RowLock`].
 //! - `server`: [`TestApp`], a lease server on port 0 over a [`TestDb`], with request helpers;
-//!   [`client`], [`assert_problem`], [`invalid_fields`], [`fence`] and [`TTL`].
+//!   [`client`], [`assert_problem`], [`assert_invalid`], [`invalid_fields`], [`fence`] and
+//!   [`TTL`].
 //! - [`contract!`]: runs rules written once, as `async fn rule(kind: StoreKind)`, against
 //!   both stores.
 //! - [`Proxy`]: a TCP proxy between a service and its upstream (PostgreSQL, a lease server)
@@ -31,7 +32,7 @@ mod storage;
 
 pub use proxy::Proxy;
 pub use raw::{RawResponse, assert_raw_problem, parse_raw, raw_exchange};
-pub use server::{TTL, TestApp, assert_problem, client, fence, invalid_fields};
+pub use server::{TTL, TestApp, assert_invalid, assert_problem, client, fence, invalid_fields};
 pub use storage::{RowLock, StoreKind, TestDb, admin, admin_url, pg_connect, postgres_addr};
 
 /// Instantiates rules for PostgreSQL and SQLite: each `rule`, an

@@ -259,6 +259,25 @@ mod tests {
         String::from_utf8(buf).unwrap()
     }
 
+    /// A proxy in front of an echo server, and a connection through it that has carried a
+    /// first echo.
+    async fn proxied_echo() -> (Proxy, TcpStream) {
+        let proxy = Proxy::start(echo_server().await);
+        let mut socket = connect(&proxy).await;
+        assert_echoed(&mut socket, "ping").await;
+        (proxy, socket)
+    }
+
+    async fn connect(proxy: &Proxy) -> TcpStream {
+        TcpStream::connect(proxy.addr()).await.unwrap()
+    }
+
+    /// Sends `text` and asserts that the same text comes back through the proxy.
+    async fn assert_echoed(socket: &mut TcpStream, text: &str) {
+        send(socket, text).await;
+        assert_eq!(receive(socket, text.len()).await, text);
+    }
+
     async fn assert_silent(socket: &mut TcpStream) {
         let mut buf = [0; 16];
         let read = tokio::time::timeout(SILENCE, socket.read(&mut buf)).await;
@@ -278,16 +297,13 @@ mod tests {
 
     #[tokio::test]
     async fn freeze_holds_bytes_thaw_delivers_them_and_cut_closes() {
-        let proxy = Proxy::start(echo_server().await);
-        let mut first = TcpStream::connect(proxy.addr()).await.unwrap();
-        send(&mut first, "ping").await;
-        assert_eq!(receive(&mut first, 4).await, "ping");
+        let (proxy, mut first) = proxied_echo().await;
 
         // Frozen: nothing arrives, nothing is closed; a new connection is held silent.
         proxy.freeze();
         send(&mut first, "held").await;
         assert_silent(&mut first).await;
-        let mut second = TcpStream::connect(proxy.addr()).await.unwrap();
+        let mut second = connect(&proxy).await;
         send(&mut second, "late").await;
         assert_silent(&mut second).await;
 
@@ -295,21 +311,19 @@ mod tests {
         proxy.thaw();
         assert_eq!(receive(&mut first, 4).await, "held");
         assert_eq!(receive(&mut second, 4).await, "late");
-        send(&mut second, "more").await;
-        assert_eq!(receive(&mut second, 4).await, "more");
+        assert_echoed(&mut second, "more").await;
 
         // Cut: current connections close, and new ones are closed on arrival.
         proxy.cut();
         assert_closed(&mut first).await;
         assert_closed(&mut second).await;
-        let mut refused = TcpStream::connect(proxy.addr()).await.unwrap();
+        let mut refused = connect(&proxy).await;
         assert_closed(&mut refused).await;
 
         // Thawed after a cut: new connections are forwarded again.
         proxy.thaw();
-        let mut third = TcpStream::connect(proxy.addr()).await.unwrap();
-        send(&mut third, "back").await;
-        assert_eq!(receive(&mut third, 4).await, "back");
+        let mut third = connect(&proxy).await;
+        assert_echoed(&mut third, "back").await;
 
         // Dropped: the proxy's connections close with it.
         drop(proxy);
@@ -318,10 +332,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_cut_followed_at_once_by_a_thaw_still_closes_connections() {
-        let proxy = Proxy::start(echo_server().await);
-        let mut socket = TcpStream::connect(proxy.addr()).await.unwrap();
-        send(&mut socket, "ping").await;
-        assert_eq!(receive(&mut socket, 4).await, "ping");
+        let (proxy, mut socket) = proxied_echo().await;
         proxy.cut();
         proxy.thaw();
         assert_closed(&mut socket).await;
@@ -330,7 +341,7 @@ mod tests {
     #[tokio::test]
     async fn an_unreachable_upstream_closes_the_client() {
         let proxy = Proxy::start(SocketAddr::from(([127, 0, 0, 1], crate::closed_port())));
-        let mut socket = TcpStream::connect(proxy.addr()).await.unwrap();
+        let mut socket = connect(&proxy).await;
         assert_closed(&mut socket).await;
     }
 }

@@ -32,8 +32,29 @@ fn client(app: &TestApp) -> Client {
     client_at(&app.address)
 }
 
-async fn sqlite_app() -> TestApp {
-    TestApp::spawn(StoreKind::Sqlite).await
+/// A server on SQLite and a client for it. The server stops when the `TestApp` is dropped,
+/// so a test that does not use it keeps it bound (`_server`) to the end.
+async fn sqlite_app() -> (TestApp, Client) {
+    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    let client = client(&app);
+    (app, client)
+}
+
+/// Retries quick enough for a test: from 20 ms, doubling up to 200 ms, until `deadline`.
+fn quick_retries(deadline: Duration) -> RetryPolicy {
+    RetryPolicy {
+        initial_backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(200),
+        deadline,
+    }
+}
+
+/// The reason of a `LeaseLost` error; anything else fails the test.
+fn loss<T: std::fmt::Debug>(result: Result<T, Error>) -> LossReason {
+    match result {
+        Err(Error::LeaseLost { reason }) => reason,
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
 }
 
 /// Waits for `lease` to be reported lost, failing the test after [`PATIENCE`].
@@ -47,8 +68,7 @@ async fn lost_within_patience(lease: &Lease) -> LossReason {
 /// `Unavailable`, `LeaseLost` and `Rejected`; only the first two are worth retrying.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contention_outage_and_loss_are_told_apart() {
-    let app = sqlite_app().await;
-    let client = client(&app);
+    let (app, client) = sqlite_app().await;
     let first = client.acquire("job:1", "a", LONG).await.expect("acquired");
 
     let held = client.acquire("job:1", "b", LONG).await.unwrap_err();
@@ -120,53 +140,26 @@ async fn a_server_without_its_store_is_unavailable_not_held() {
 /// Every refusal of renew and release is `LeaseLost`, with the reason the server gave.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_say_why_the_lease_is_lost() {
-    let app = sqlite_app().await;
-    let client = client(&app);
-    let reason = |result: Result<_, Error>| match result {
-        Err(Error::LeaseLost { reason }) => reason,
-        other => panic!("expected LeaseLost, got {other:?}"),
-    };
-
-    assert_eq!(
-        reason(client.renew("never", "a", LONG, None).await.map(drop)),
-        LossReason::NotFound
-    );
+    let (app, client) = sqlite_app().await;
+    let never = client.renew("never", "a", LONG, None).await;
+    assert_eq!(loss(never), LossReason::NotFound);
 
     let old = client.acquire("job:1", "a", LONG).await.expect("acquired");
     let new = client
         .acquire("job:1", "a", LONG)
         .await
         .expect("re-acquired");
-    assert_eq!(
-        reason(
-            client
-                .renew("job:1", "a", LONG, Some(old.fence))
-                .await
-                .map(drop)
-        ),
-        LossReason::StaleFence {
-            current_fence: Some(new.fence)
-        }
-    );
-    assert_eq!(
-        reason(client.release("job:1", "b", None).await),
-        LossReason::OwnerMismatch
-    );
+    let stale = client.renew("job:1", "a", LONG, Some(old.fence)).await;
+    let current_fence = Some(new.fence);
+    assert_eq!(loss(stale), LossReason::StaleFence { current_fence });
+    let other = client.release("job:1", "b", None).await;
+    assert_eq!(loss(other), LossReason::OwnerMismatch);
 
     app.db.age("job:1", 1).await;
-    assert_eq!(
-        reason(
-            client
-                .renew("job:1", "a", LONG, Some(new.fence))
-                .await
-                .map(drop)
-        ),
-        LossReason::Expired
-    );
-    assert_eq!(
-        reason(client.release("job:1", "a", Some(new.fence)).await),
-        LossReason::NotFound
-    );
+    let expired = client.renew("job:1", "a", LONG, Some(new.fence)).await;
+    assert_eq!(loss(expired), LossReason::Expired);
+    let gone = client.release("job:1", "a", Some(new.fence)).await;
+    assert_eq!(loss(gone), LossReason::NotFound);
 }
 
 /// Inspect shows the live lease (without owner) or `None`; a name with characters outside
@@ -174,8 +167,7 @@ async fn refusals_say_why_the_lease_is_lost() {
 /// another path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_and_names_that_need_encoding() {
-    let app = sqlite_app().await;
-    let client = client(&app);
+    let (_server, client) = sqlite_app().await;
     assert_eq!(client.inspect("job:1").await.expect("inspect"), None);
     let lock = client.acquire("job:1", "a", LONG).await.expect("acquired");
     let view = client
@@ -200,8 +192,7 @@ async fn inspect_and_names_that_need_encoding() {
 /// waiting caller gets the lock with a greater fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_waits_for_the_holder_to_release() {
-    let app = sqlite_app().await;
-    let client = client(&app);
+    let (_server, client) = sqlite_app().await;
     let held = client
         .acquire("job:1", "holder", LONG)
         .await
@@ -212,11 +203,7 @@ async fn retry_waits_for_the_holder_to_release() {
         holder.release("job:1", "holder", Some(held.fence)).await
     });
 
-    let policy = RetryPolicy {
-        initial_backoff: Duration::from_millis(20),
-        max_backoff: Duration::from_millis(200),
-        deadline: Duration::from_secs(10),
-    };
+    let policy = quick_retries(Duration::from_secs(10));
     let started = Instant::now();
     let lock = client
         .acquire_with_retry("job:1", "waiter", LONG, &policy)
@@ -237,18 +224,13 @@ async fn retry_waits_for_the_holder_to_release() {
 /// deadline, not later; a caller bug is not retried at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_gives_up_at_its_deadline() {
-    let app = sqlite_app().await;
-    let client = client(&app);
+    let (_server, client) = sqlite_app().await;
     client
         .acquire("job:1", "holder", LONG)
         .await
         .expect("acquired");
 
-    let policy = RetryPolicy {
-        initial_backoff: Duration::from_millis(50),
-        max_backoff: Duration::from_millis(200),
-        deadline: Duration::from_secs(1),
-    };
+    let policy = quick_retries(Duration::from_secs(1));
     let started = Instant::now();
     let error = client
         .acquire_with_retry("job:1", "waiter", LONG, &policy)
@@ -282,8 +264,7 @@ async fn retry_gives_up_at_its_deadline() {
 /// time, same fence, and the server shows it live with that fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_renews_through_several_ttls() {
-    let app = sqlite_app().await;
-    let client = client(&app);
+    let (_server, client) = sqlite_app().await;
     let ttl = Duration::from_secs(2);
     let lease = client.lease("job:1", ttl).await.expect("leased");
     let fence = lease.fence();
@@ -314,8 +295,7 @@ async fn lease_renews_through_several_ttls() {
 /// the lease's own expiry — to the lease and to its watchers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_renewal_is_reported_promptly() {
-    let app = sqlite_app().await;
-    let client = client(&app);
+    let (app, client) = sqlite_app().await;
     let ttl = Duration::from_secs(3);
     let lease = client.lease("job:1", ttl).await.expect("leased");
     let watch = lease.watch();
@@ -348,8 +328,7 @@ async fn refused_renewal_is_reported_promptly() {
 /// absurdly early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_renewals_are_reported_lost_before_expiry() {
-    let app = sqlite_app().await;
-    let client = client(&app);
+    let (app, client) = sqlite_app().await;
     let ttl = Duration::from_secs(3);
     let t0 = Instant::now();
     let lease = client.lease("job:1", ttl).await.expect("leased");
@@ -374,8 +353,7 @@ async fn blocked_renewals_are_reported_lost_before_expiry() {
 /// `release()` frees the resource at once; dropping a `Lease` releases it in the background.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_and_drop_free_the_resource() {
-    let app = sqlite_app().await;
-    let client = client(&app);
+    let (_server, client) = sqlite_app().await;
     let lease = client.lease("job:1", LONG).await.expect("leased");
     let watch = lease.watch();
     lease.release().await.expect("released");
@@ -398,19 +376,14 @@ async fn release_and_drop_free_the_resource() {
 /// greater fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_with_retry_waits_for_another_lease() {
-    let app = sqlite_app().await;
-    let client = client(&app);
+    let (_server, client) = sqlite_app().await;
     let first = client.lease("job:1", LONG).await.expect("leased");
     let first_fence = first.fence();
     let releaser = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
         first.release().await
     });
-    let policy = RetryPolicy {
-        initial_backoff: Duration::from_millis(20),
-        max_backoff: Duration::from_millis(200),
-        deadline: Duration::from_secs(10),
-    };
+    let policy = quick_retries(Duration::from_secs(10));
     let second = client
         .lease_with_retry("job:1", LONG, &policy)
         .await

@@ -21,6 +21,11 @@ const MARGIN: Duration = Duration::from_secs(4);
 /// defaults (5 s for heads and keep-alive), so these tests see the setting at work.
 const HEAD_MARGIN: Duration = Duration::from_millis(1500);
 
+/// How long a slow client keeps sending before the test gives up on the server closing it.
+const GIVE_UP: Duration = TIMEOUT
+    .saturating_add(MARGIN)
+    .saturating_add(Duration::from_secs(2));
+
 /// How often a slow client sends its next byte.
 const DRIP: Duration = Duration::from_millis(500);
 
@@ -46,8 +51,8 @@ struct Ending {
 }
 
 /// Sends `head` then, every [`DRIP`], one byte of `drip`, reading whatever comes back, until
-/// the server closes the connection or `give_up` has passed.
-async fn drip_feed(address: SocketAddr, head: Vec<u8>, drip: Vec<u8>, give_up: Duration) -> Ending {
+/// the server closes the connection or [`GIVE_UP`] has passed.
+async fn drip_feed(address: SocketAddr, head: Vec<u8>, drip: Vec<u8>) -> Ending {
     let Ok(Ok(mut stream)) =
         tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(address)).await
     else {
@@ -66,7 +71,7 @@ async fn drip_feed(address: SocketAddr, head: Vec<u8>, drip: Vec<u8>, give_up: D
     let mut ticks = tokio::time::interval(DRIP);
     ticks.tick().await;
     for byte in drip.iter().cycle() {
-        if started.elapsed() > give_up {
+        if started.elapsed() > GIVE_UP {
             break;
         }
         tokio::select! {
@@ -85,6 +90,22 @@ async fn drip_feed(address: SocketAddr, head: Vec<u8>, drip: Vec<u8>, give_up: D
         closed_after: None,
         received,
     }
+}
+
+/// Opens `count` slowloris connections at once: each sends `head`, then header lines one byte
+/// at a time ([`drip_feed`]). Returns how each ended.
+async fn slowloris(address: SocketAddr, count: usize, head: &[u8]) -> Vec<Ending> {
+    let tasks: Vec<_> = (0..count)
+        .map(|_| {
+            let drip = b"X-Padding: a\r\n".to_vec();
+            tokio::spawn(drip_feed(address, head.to_vec(), drip))
+        })
+        .collect();
+    let mut endings = Vec::with_capacity(count);
+    for task in tasks {
+        endings.push(task.await.expect("slowloris task"));
+    }
+    endings
 }
 
 /// A client behaving well: sequential requests until `stop`, each timed. Every request must
@@ -130,6 +151,34 @@ async fn timed_requests(base: String, stop: tokio::sync::watch::Receiver<bool>) 
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     latencies
+}
+
+/// The longest any of `endings` took to be closed, asserted to be at most `bound`; fails the
+/// test if one was still open when given up on.
+fn slowest_close<'a>(endings: impl IntoIterator<Item = &'a Ending>, bound: Duration) -> Duration {
+    let mut slowest = Duration::ZERO;
+    for (i, ending) in endings.into_iter().enumerate() {
+        let Some(after) = ending.closed_after else {
+            panic!("slow connection {i} was still open when given up on");
+        };
+        slowest = slowest.max(after);
+    }
+    assert!(
+        slowest <= bound,
+        "a slow connection was closed only after {slowest:?}"
+    );
+    slowest
+}
+
+/// Prints `summary` (of the slow connections) beside the normal client's p99, and asserts
+/// that the p99 stayed under [`P99_BOUND`].
+fn assert_normal_client_served(summary: &str, mut latencies: Vec<Duration>) {
+    let p99 = p99(&mut latencies);
+    println!(
+        "{summary}; normal client: {} requests, p99 {p99:?}",
+        latencies.len()
+    );
+    assert!(p99 < P99_BOUND, "normal client p99 {p99:?}");
 }
 
 fn p99(latencies: &mut [Duration]) -> Duration {
@@ -189,17 +238,13 @@ async fn slow_bodies_are_cut_off_at_the_request_timeout(kind: StoreKind) {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let files = tokio::spawn(watch_open_files(stopped.clone()));
 
-    let give_up = TIMEOUT + MARGIN + Duration::from_secs(2);
     let mut slow = Vec::with_capacity(SLOW);
     let normal = normal_client(&app, stopped.clone());
     let opened = async {
         for i in 0..SLOW {
             let (head, status) = slow_body_head(i);
             let drip = b" ".to_vec();
-            slow.push((
-                status,
-                tokio::spawn(drip_feed(address, head, drip, give_up)),
-            ));
+            slow.push((status, tokio::spawn(drip_feed(address, head, drip))));
             // A ramp rather than a burst, so that the listen backlog never overflows.
             if (i + 1).is_multiple_of(100) {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -212,15 +257,11 @@ async fn slow_bodies_are_cut_off_at_the_request_timeout(kind: StoreKind) {
         let _ = stop.send(true);
         endings
     };
-    let (mut latencies, endings) = tokio::join!(normal, opened);
+    let (latencies, endings) = tokio::join!(normal, opened);
     let most_files = files.await.expect("file watcher");
 
-    let mut slowest = Duration::ZERO;
+    let slowest = slowest_close(endings.iter().map(|(_, ending)| ending), TIMEOUT + MARGIN);
     for (i, (status, ending)) in endings.iter().enumerate() {
-        let Some(after) = ending.closed_after else {
-            panic!("slow connection {i} was still open after {give_up:?}");
-        };
-        slowest = slowest.max(after);
         let response = parse_raw(&ending.received)
             .unwrap_or_else(|| panic!("slow connection {i} closed without an answer"));
         assert_eq!(response.status, *status, "slow connection {i}");
@@ -233,16 +274,12 @@ async fn slow_bodies_are_cut_off_at_the_request_timeout(kind: StoreKind) {
             crate::helpers::assert_raw_problem(&response, 408, "request-timeout");
         }
     }
-    assert!(
-        slowest <= TIMEOUT + MARGIN,
-        "a slow connection was closed only after {slowest:?}"
+    assert_normal_client_served(
+        &format!(
+            "slow bodies ({kind:?}): {SLOW} connections, all closed within {slowest:?}, at most {most_files} open files"
+        ),
+        latencies,
     );
-    let p99 = p99(&mut latencies);
-    println!(
-        "slow bodies ({kind:?}): {SLOW} connections, all closed within {slowest:?}; normal client: {} requests, p99 {p99:?}; at most {most_files} open files",
-        latencies.len()
-    );
-    assert!(p99 < P99_BOUND, "normal client p99 {p99:?}");
 }
 
 /// Slowloris: a few hundred connections send their request head one byte at a time; each is
@@ -252,44 +289,23 @@ async fn slow_heads_are_cut_off_at_the_request_timeout(kind: StoreKind) {
     let app = app_with_short_timeout(kind).await;
     let address = app.socket_address();
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let give_up = TIMEOUT + MARGIN + Duration::from_secs(2);
     let normal = normal_client(&app, stopped.clone());
     let held = async {
-        let tasks: Vec<_> = (0..SLOW)
-            .map(|_| {
-                let head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n".to_vec();
-                let drip = b"X-Padding: a\r\n".to_vec();
-                tokio::spawn(drip_feed(address, head, drip, give_up))
-            })
-            .collect();
-        let mut endings = Vec::with_capacity(SLOW);
-        for task in tasks {
-            endings.push(task.await.expect("slowloris task"));
-        }
+        let endings = slowloris(address, SLOW, b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await;
         let _ = stop.send(true);
         endings
     };
-    let (mut latencies, endings) = tokio::join!(normal, held);
-    let mut slowest = Duration::ZERO;
-    for (i, ending) in endings.iter().enumerate() {
-        let after = ending
-            .closed_after
-            .unwrap_or_else(|| panic!("slowloris connection {i} was still open after {give_up:?}"));
-        slowest = slowest.max(after);
+    let (latencies, endings) = tokio::join!(normal, held);
+    let slowest = slowest_close(&endings, TIMEOUT + HEAD_MARGIN);
+    for ending in &endings {
         if let Some(response) = parse_raw(&ending.received) {
             crate::helpers::assert_raw_problem(&response, 408, "request-timeout");
         }
     }
-    assert!(
-        slowest <= TIMEOUT + HEAD_MARGIN,
-        "closed only after {slowest:?}"
+    assert_normal_client_served(
+        &format!("slow heads ({kind:?}): {SLOW} connections, all closed within {slowest:?}"),
+        latencies,
     );
-    let p99 = p99(&mut latencies);
-    println!(
-        "slow heads ({kind:?}): {SLOW} connections, all closed within {slowest:?}; normal client: {} requests, p99 {p99:?}",
-        latencies.len()
-    );
-    assert!(p99 < P99_BOUND, "normal client p99 {p99:?}");
 }
 
 /// Slowloris on a kept-alive connection: after a first request served at once, the next
@@ -298,24 +314,10 @@ async fn slow_heads_after_a_first_request_are_cut_off(kind: StoreKind) {
     const SLOW: usize = 20;
     let app = app_with_short_timeout(kind).await;
     let address = app.socket_address();
-    let give_up = TIMEOUT + MARGIN + Duration::from_secs(2);
-    let tasks: Vec<_> = (0..SLOW)
-        .map(|_| {
-            let head =
-                b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\n".to_vec();
-            let drip = b"X-Padding: a\r\n".to_vec();
-            tokio::spawn(drip_feed(address, head, drip, give_up))
-        })
-        .collect();
-    for (i, task) in tasks.into_iter().enumerate() {
-        let ending = task.await.expect("slowloris task");
-        let after = ending
-            .closed_after
-            .unwrap_or_else(|| panic!("connection {i} was still open after {give_up:?}"));
-        assert!(
-            after <= TIMEOUT + HEAD_MARGIN,
-            "closed only after {after:?}"
-        );
+    let head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\n";
+    let endings = slowloris(address, SLOW, head).await;
+    slowest_close(&endings, TIMEOUT + HEAD_MARGIN);
+    for ending in &endings {
         let first = parse_raw(&ending.received).expect("the first request was answered");
         assert_eq!(first.status, 200);
         let text = String::from_utf8_lossy(&ending.received);

@@ -3,7 +3,24 @@
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestApp, assert_problem, assert_raw_problem, invalid_fields};
+use crate::helpers::{
+    StoreKind, TTL, TestApp, assert_invalid, assert_problem, assert_raw_problem, invalid_fields,
+};
+
+/// The routes that take a JSON body.
+fn body_routes() -> [(Method, &'static str); 4] {
+    [
+        (Method::POST, "/locks/job:1"),
+        (Method::POST, "/locks/job:1/renew"),
+        (Method::DELETE, "/locks/job:1"),
+        (Method::POST, "/locks/job:1/release"),
+    ]
+}
+
+/// A valid acquire or renew body.
+fn lease_body() -> Value {
+    json!({ "owner": "a", "ttl_seconds": TTL })
+}
 
 /// ttl 0, negative, string, float, bool, null, 1e300, i64::MAX, above the maximum, missing.
 async fn invalid_ttls_are_422(kind: StoreKind) {
@@ -26,26 +43,15 @@ async fn invalid_ttls_are_422(kind: StoreKind) {
     ];
     for ttl in bad {
         let body = format!(r#"{{"owner":"a","ttl_seconds":{ttl}}}"#);
-        let response = app
-            .send(Method::POST, "/locks/job:1", Some("application/json"), body)
-            .await;
-        let problem = assert_problem(response, 422, "validation-failed").await;
-        assert_eq!(invalid_fields(&problem), ["ttl_seconds"], "ttl {ttl}");
-        let renew = app
-            .send(
-                Method::POST,
-                "/locks/job:1/renew",
-                Some("application/json"),
-                format!(r#"{{"owner":"a","ttl_seconds":{ttl}}}"#),
-            )
-            .await;
-        assert_problem(renew, 422, "validation-failed").await;
+        for path in ["/locks/job:1", "/locks/job:1/renew"] {
+            let response = app.json_text(Method::POST, path, body.clone()).await;
+            assert_invalid(response, &["ttl_seconds"], &format!("{path}: ttl {ttl}")).await;
+        }
     }
     let missing = app
         .json(Method::POST, "/locks/job:1", &json!({ "owner": "a" }))
         .await;
-    let problem = assert_problem(missing, 422, "validation-failed").await;
-    assert_eq!(invalid_fields(&problem), ["ttl_seconds"]);
+    assert_invalid(missing, &["ttl_seconds"], "no ttl").await;
     // Nothing was taken along the way.
     assert_problem(app.inspect("job:1").await, 404, "not-found").await;
 }
@@ -84,20 +90,14 @@ async fn invalid_owners_are_422(kind: StoreKind) {
         json!("é".repeat(128)),
     ];
     for owner in bad {
-        let response = app
-            .json(
-                Method::POST,
-                "/locks/job:1",
-                &json!({ "owner": owner, "ttl_seconds": TTL }),
-            )
-            .await;
-        let problem = assert_problem(response, 422, "validation-failed").await;
-        assert_eq!(invalid_fields(&problem), ["owner"], "owner {owner}");
+        let body = json!({ "owner": owner, "ttl_seconds": TTL });
+        let response = app.json(Method::POST, "/locks/job:1", &body).await;
+        assert_invalid(response, &["owner"], &format!("owner {owner}")).await;
     }
     let missing = app
         .json(Method::POST, "/locks/job:1", &json!({ "ttl_seconds": TTL }))
         .await;
-    assert_problem(missing, 422, "validation-failed").await;
+    assert_invalid(missing, &["owner"], "no owner").await;
     // 255 bytes is fine, and so is non-ASCII.
     app.acquire_ok("job:2", &"x".repeat(255), TTL).await;
     app.acquire_ok("job:3", "wörker-ß", TTL).await;
@@ -134,70 +134,41 @@ async fn resource_names_follow_the_rules(kind: StoreKind) {
         "a%23b",
     ];
     for resource in encoded_bad {
-        let path = format!("/locks/{resource}");
-        let acquire = app
-            .json(
-                Method::POST,
-                &path,
-                &json!({ "owner": "a", "ttl_seconds": TTL }),
-            )
-            .await;
-        let problem = assert_problem(acquire, 422, "validation-failed").await;
-        assert_eq!(invalid_fields(&problem), ["resource"], "{resource}");
-        assert_problem(app.get(&path).await, 422, "validation-failed").await;
-        let renew = app
-            .json(
-                Method::POST,
-                &format!("{path}/renew"),
-                &json!({ "owner": "a", "ttl_seconds": TTL }),
-            )
-            .await;
-        assert_problem(renew, 422, "validation-failed").await;
-        let release = app
-            .json(Method::DELETE, &path, &json!({ "owner": "a" }))
-            .await;
-        assert_problem(release, 422, "validation-failed").await;
+        assert_invalid(
+            app.acquire(resource, "a", TTL).await,
+            &["resource"],
+            resource,
+        )
+        .await;
+        for response in [
+            app.inspect(resource).await,
+            app.renew(resource, lease_body()).await,
+            app.release(resource, json!({ "owner": "a" })).await,
+        ] {
+            assert_problem(response, 422, "validation-failed").await;
+        }
     }
     // An empty name.
-    assert_problem(
-        app.json(
-            Method::POST,
-            "/locks/",
-            &json!({ "owner": "a", "ttl_seconds": TTL }),
-        )
-        .await,
-        422,
-        "validation-failed",
-    )
-    .await;
+    assert_problem(app.acquire("", "a", TTL).await, 422, "validation-failed").await;
 }
 
 /// A literal `/` makes another path, which no route matches.
 async fn literal_slash_is_another_path(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
-    assert_problem(app.get("/locks/a/b").await, 404, "not-found").await;
-    let acquire = app
-        .json(
-            Method::POST,
-            "/locks/a/b",
-            &json!({ "owner": "a", "ttl_seconds": TTL }),
-        )
-        .await;
-    assert_problem(acquire, 404, "not-found").await;
+    assert_problem(app.inspect("a/b").await, 404, "not-found").await;
+    assert_problem(app.acquire("a/b", "a", TTL).await, 404, "not-found").await;
 }
 
 /// SQL in names and owners is data: the table survives and the values round-trip.
 async fn sql_injection_is_inert(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     let resource = "x%27%3B%20DROP%20TABLE%20leases%3B%20--";
-    let refused = app
-        .json(
-            Method::POST,
-            &format!("/locks/{resource}"),
-            &json!({ "owner": "a", "ttl_seconds": TTL }),
-        )
-        .await;
-    assert_problem(refused, 422, "validation-failed").await;
+    assert_problem(
+        app.acquire(resource, "a", TTL).await,
+        422,
+        "validation-failed",
+    )
+    .await;
     let owner = "o'); DROP TABLE leases; --";
     let lock = app.acquire_ok("job:1", owner, TTL).await;
     assert_eq!(lock["owner"], json!(owner));
@@ -210,37 +181,24 @@ async fn sql_injection_is_inert(kind: StoreKind) {
 /// A typo such as `ttl` must not pass unnoticed.
 async fn unknown_fields_are_422(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
-    let acquire = app
-        .json(
+    let cases = [
+        (
             Method::POST,
-            "/locks/job:1",
-            &json!({ "owner": "a", "ttl": TTL }),
-        )
-        .await;
-    let problem = assert_problem(acquire, 422, "validation-failed").await;
-    let mut fields = invalid_fields(&problem);
-    fields.sort();
-    assert_eq!(fields, ["ttl", "ttl_seconds"]);
-
-    let extra = app
-        .json(
+            json!({ "owner": "a", "ttl": TTL }),
+            ["ttl", "ttl_seconds"].as_slice(),
+        ),
+        (
             Method::POST,
-            "/locks/job:1",
-            &json!({ "owner": "a", "ttl_seconds": TTL, "fence": 1 }),
-        )
-        .await;
-    assert_eq!(
-        invalid_fields(&assert_problem(extra, 422, "validation-failed").await),
-        ["fence"]
-    );
-    let release = app
-        .json(
-            Method::DELETE,
-            "/locks/job:1",
-            &json!({ "owner": "a", "ttl_seconds": TTL }),
-        )
-        .await;
-    assert_problem(release, 422, "validation-failed").await;
+            json!({ "owner": "a", "ttl_seconds": TTL, "fence": 1 }),
+            &["fence"],
+        ),
+        // Release takes no TTL.
+        (Method::DELETE, lease_body(), &["ttl_seconds"]),
+    ];
+    for (method, body, fields) in cases {
+        let response = app.json(method.clone(), "/locks/job:1", &body).await;
+        assert_invalid(response, fields, &format!("{method} {body}")).await;
+    }
 }
 
 /// fence: optional, a JSON integer ≥ 1.
@@ -256,25 +214,21 @@ async fn invalid_fences_are_422(kind: StoreKind) {
         "9007199254740992",
         "1e300",
     ] {
-        let renew = app
-            .send(
+        for (method, path, body) in [
+            (
                 Method::POST,
                 "/locks/job:1/renew",
-                Some("application/json"),
                 format!(r#"{{"owner":"a","ttl_seconds":60,"fence":{fence}}}"#),
-            )
-            .await;
-        let problem = assert_problem(renew, 422, "validation-failed").await;
-        assert_eq!(invalid_fields(&problem), ["fence"], "fence {fence}");
-        let release = app
-            .send(
+            ),
+            (
                 Method::DELETE,
                 "/locks/job:1",
-                Some("application/json"),
                 format!(r#"{{"owner":"a","fence":{fence}}}"#),
-            )
-            .await;
-        assert_problem(release, 422, "validation-failed").await;
+            ),
+        ] {
+            let case = format!("{method} {path}: fence {fence}");
+            assert_invalid(app.json_text(method, path, body).await, &["fence"], &case).await;
+        }
     }
     // The lease is still there.
     assert_eq!(app.inspect("job:1").await.status(), 200);
@@ -294,40 +248,26 @@ async fn malformed_bodies_are_400(kind: StoreKind) {
         "null",
         "{}}",
     ] {
-        for (method, path) in [
-            (Method::POST, "/locks/job:1"),
-            (Method::POST, "/locks/job:1/renew"),
-            (Method::DELETE, "/locks/job:1"),
-            (Method::POST, "/locks/job:1/release"),
-        ] {
-            let response = app
-                .send(method.clone(), path, Some("application/json"), body)
-                .await;
+        for (method, path) in body_routes() {
+            let response = app.json_text(method, path, body).await;
             assert_problem(response, 400, "malformed-request").await;
         }
     }
-    // A field given twice is ambiguous, above all for the owner.
-    let twice = app
-        .send(
-            Method::POST,
-            "/locks/job:1",
-            Some("application/json"),
-            r#"{"owner":"a","owner":"b","ttl_seconds":60}"#,
-        )
-        .await;
-    assert_problem(twice, 400, "malformed-request").await;
-    // Deep nesting is refused cleanly, not by a crash.
-    let deep = format!("{}{}", "[".repeat(5_000), "]".repeat(5_000));
-    let response = app
-        .send(Method::POST, "/locks/job:1", Some("application/json"), deep)
-        .await;
-    assert_problem(response, 400, "malformed-request").await;
+    for body in [
+        // A field given twice is ambiguous, above all for the owner.
+        r#"{"owner":"a","owner":"b","ttl_seconds":60}"#.to_owned(),
+        // Deep nesting is refused cleanly, not by a crash.
+        format!("{}{}", "[".repeat(5_000), "]".repeat(5_000)),
+    ] {
+        let response = app.json_text(Method::POST, "/locks/job:1", body).await;
+        assert_problem(response, 400, "malformed-request").await;
+    }
 }
 
 /// Content-Type missing or not JSON: `415`; parameters are fine.
 async fn content_type_must_be_json(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
-    let body = json!({ "owner": "a", "ttl_seconds": TTL }).to_string();
+    let body = lease_body().to_string();
     for content_type in [
         None,
         Some("text/plain"),
@@ -357,70 +297,35 @@ async fn content_type_must_be_json(kind: StoreKind) {
 async fn oversized_body_is_413(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     let padded = |size: usize| {
-        let core = json!({ "owner": "a", "ttl_seconds": TTL }).to_string();
+        let core = lease_body().to_string();
         format!("{}{core}", " ".repeat(size - core.len()))
     };
-    let response = app
-        .send(
-            Method::POST,
-            "/locks/job:1",
-            Some("application/json"),
-            padded(16 * 1024 + 1),
-        )
+    for body in [padded(16 * 1024 + 1), "x".repeat(1 << 20)] {
+        let response = app.json_text(Method::POST, "/locks/job:1", body).await;
+        assert_problem(response, 413, "payload-too-large").await;
+    }
+    let limit = app
+        .json_text(Method::POST, "/locks/job:1", padded(16 * 1024))
         .await;
-    assert_problem(response, 413, "payload-too-large").await;
-    let response = app
-        .send(
-            Method::POST,
-            "/locks/job:1",
-            Some("application/json"),
-            "x".repeat(1 << 20),
-        )
-        .await;
-    assert_problem(response, 413, "payload-too-large").await;
-    let response = app
-        .send(
-            Method::POST,
-            "/locks/job:1",
-            Some("application/json"),
-            padded(16 * 1024),
-        )
-        .await;
-    assert_eq!(response.status(), 200);
+    assert_eq!(limit.status(), 200);
 }
 
 /// Input rules come first: a `422` wins over `404`, `403` and `acquired: false`.
 async fn validation_wins_over_store_outcomes(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     app.acquire_ok("held", "a", TTL).await;
-    assert_problem(app.acquire("held", "b", 0).await, 422, "validation-failed").await;
-    assert_problem(
+    for response in [
+        app.acquire("held", "b", 0).await,
         app.release("held", json!({ "owner": "" })).await,
-        422,
-        "validation-failed",
-    )
-    .await;
-    assert_problem(
         app.release("held", json!({ "owner": "b", "fence": 0 }))
             .await,
-        422,
-        "validation-failed",
-    )
-    .await;
-    assert_problem(
         app.renew("absent", json!({ "owner": "a", "ttl_seconds": -1 }))
             .await,
-        422,
-        "validation-failed",
-    )
-    .await;
-    assert_problem(
         app.release("absent", json!({ "owner": "a", "extra": true }))
             .await,
-        422,
-        "validation-failed",
-    )
-    .await;
+    ] {
+        assert_problem(response, 422, "validation-failed").await;
+    }
 }
 
 /// All problems of a request are listed together.
@@ -433,10 +338,8 @@ async fn every_invalid_field_is_listed(kind: StoreKind) {
             &json!({ "owner": " ", "ttl_seconds": 0, "fence": -1, "x": 1 }),
         )
         .await;
-    let problem = assert_problem(response, 422, "validation-failed").await;
-    let mut fields = invalid_fields(&problem);
-    fields.sort();
-    assert_eq!(fields, ["fence", "owner", "resource", "ttl_seconds", "x"]);
+    let fields = ["fence", "owner", "resource", "ttl_seconds", "x"];
+    let problem = assert_invalid(response, &fields, "renew").await;
     for error in problem["errors"].as_array().unwrap() {
         assert!(!error["message"].as_str().unwrap().is_empty());
     }
@@ -481,12 +384,7 @@ async fn odd_requests_never_get_a_500(kind: StoreKind) {
         json!({ "": "" }),
     ];
     for body in bodies {
-        for (method, path) in [
-            (Method::POST, "/locks/job:1"),
-            (Method::POST, "/locks/job:1/renew"),
-            (Method::DELETE, "/locks/job:1"),
-            (Method::POST, "/locks/job:1/release"),
-        ] {
+        for (method, path) in body_routes() {
             let response = app.json(method, path, &body).await;
             assert!(
                 response.status().is_success() || response.status().is_client_error(),
@@ -569,11 +467,9 @@ async fn numbers_beyond_float_range_are_422(kind: StoreKind) {
             ),
         ];
         for (path, body, field) in cases {
-            let response = app
-                .send(Method::POST, path, Some("application/json"), body)
-                .await;
-            let problem = assert_problem(response, 422, "validation-failed").await;
-            assert_eq!(invalid_fields(&problem), [field], "{path} {field} {number}");
+            let response = app.json_text(Method::POST, path, body).await;
+            let case = format!("{path} {field} {number}");
+            let problem = assert_invalid(response, &[field], &case).await;
             let message = problem["errors"][0]["message"].as_str().unwrap();
             assert!(
                 message.len() < 200,
@@ -588,7 +484,7 @@ async fn numbers_beyond_float_range_are_422(kind: StoreKind) {
 /// A body in any content coding but `identity` is `415`, checked before size and syntax.
 async fn content_encoded_bodies_are_415(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
-    let valid = json!({ "owner": "a", "ttl_seconds": TTL }).to_string();
+    let valid = lease_body().to_string();
     let oversized = format!("{valid}{}", " ".repeat(20 * 1024));
     for coding in ["gzip", "deflate", "br", "x-gzip", "GZIP", "identity, gzip"] {
         for body in [
@@ -597,38 +493,35 @@ async fn content_encoded_bodies_are_415(kind: StoreKind) {
             "not json",
             "\u{1f}\u{8b}\u{8}",
         ] {
-            for (method, path) in [
-                (Method::POST, "/locks/job:1"),
-                (Method::POST, "/locks/job:1/renew"),
-                (Method::DELETE, "/locks/job:1"),
-                (Method::POST, "/locks/job:1/release"),
-            ] {
-                let response = app
-                    .client
-                    .request(method, app.url(path))
-                    .header("content-type", "application/json")
-                    .header("content-encoding", coding)
-                    .body(body.to_owned())
-                    .send()
-                    .await
-                    .expect("request reaches the server");
+            for (method, path) in body_routes() {
+                let response = send_encoded(&app, method, path, coding, body).await;
                 assert_problem(response, 415, "unsupported-media-type").await;
             }
         }
     }
     assert_problem(app.inspect("job:1").await, 404, "not-found").await;
     for coding in ["identity", "IDENTITY"] {
-        let response = app
-            .client
-            .post(app.url("/locks/job:1"))
-            .header("content-type", "application/json")
-            .header("content-encoding", coding)
-            .body(valid.clone())
-            .send()
-            .await
-            .expect("request reaches the server");
+        let response = send_encoded(&app, Method::POST, "/locks/job:1", coding, &valid).await;
         assert_eq!(response.status(), 200, "{coding}");
     }
+}
+
+/// Sends `body` as JSON with the header `Content-Encoding: {coding}`.
+async fn send_encoded(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    coding: &str,
+    body: &str,
+) -> reqwest::Response {
+    app.client
+        .request(method, app.url(path))
+        .header("content-type", "application/json")
+        .header("content-encoding", coding)
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("request reaches the server")
 }
 
 contract!(

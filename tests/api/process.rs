@@ -11,26 +11,31 @@ use serde_json::{Value, json};
 
 use crate::helpers::{RowLock, StoreKind, TTL, TestDb, client};
 
-/// Settings a developer's shell might carry that must not leak into these tests.
-const SETTINGS_VARS: [&str; 11] = [
-    "DATABASE_URL",
-    "FENCELOCK_BIND",
-    "FENCELOCK_MAX_TTL_SECONDS",
-    "FENCELOCK_POOL_SIZE",
-    "FENCELOCK_LOG_FORMAT",
-    "FENCELOCK_PURGE_GRACE_SECONDS",
-    "FENCELOCK_PURGE_INTERVAL_SECONDS",
-    "FENCELOCK_STORE_TIMEOUT_MS",
-    "FENCELOCK_REQUEST_TIMEOUT_MS",
-    "FENCELOCK_MAX_CONNECTIONS",
-    "RUST_LOG",
+/// Every setting: its flag and its environment variable, as `--help` must name them. Both
+/// are cleared for the tests' processes, so that a developer's shell cannot leak into them.
+const SETTINGS: [(&str, &str); 10] = [
+    ("--bind", "FENCELOCK_BIND"),
+    ("--database-url", "DATABASE_URL"),
+    ("--max-ttl-seconds", "FENCELOCK_MAX_TTL_SECONDS"),
+    ("--pool-size", "FENCELOCK_POOL_SIZE"),
+    ("--log-format", "FENCELOCK_LOG_FORMAT"),
+    ("--purge-grace-seconds", "FENCELOCK_PURGE_GRACE_SECONDS"),
+    (
+        "--purge-interval-seconds",
+        "FENCELOCK_PURGE_INTERVAL_SECONDS",
+    ),
+    ("--store-timeout-ms", "FENCELOCK_STORE_TIMEOUT_MS"),
+    ("--request-timeout-ms", "FENCELOCK_REQUEST_TIMEOUT_MS"),
+    ("--max-connections", "FENCELOCK_MAX_CONNECTIONS"),
 ];
 
 fn command(database_url: Option<&str>, cwd: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
-    for var in SETTINGS_VARS {
+    for (_, var) in SETTINGS {
         command.env_remove(var);
     }
+    // Not a setting, but it changes what the server logs.
+    command.env_remove("RUST_LOG");
     if let Some(url) = database_url {
         command.env("DATABASE_URL", url);
     }
@@ -104,6 +109,12 @@ impl ServerProcess {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// Asserts that the log so far contains `text`, quoting the whole log if not.
+    pub fn assert_logged(&self, text: &str) {
+        let log = self.log_text();
+        assert!(log.contains(text), "no {text:?} in the log: {log}");
+    }
+
     /// SIGKILL: no chance to flush or clean up.
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
@@ -166,11 +177,7 @@ async fn default_store_is_a_sqlite_file_in_the_working_directory() {
     let body: Value = response.json().await.unwrap();
     assert!(body["lock"]["fence"].as_i64().unwrap() >= 1);
     assert!(dir.path().join("fencelock.db").exists());
-    assert!(
-        server.log_text().contains("SQLite file fencelock.db"),
-        "{}",
-        server.log_text()
-    );
+    server.assert_logged("SQLite file fencelock.db");
 }
 
 /// The start-up log names the PostgreSQL store without its password.
@@ -182,8 +189,8 @@ async fn database_password_is_never_logged() {
     let server = ServerProcess::start(Some(&url), dir.path());
     let ready = client().get(server.url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 503);
+    server.assert_logged("postgres://fencelock:***@127.0.0.1");
     let log = server.log_text();
-    assert!(log.contains("postgres://fencelock:***@127.0.0.1"), "{log}");
     assert!(!log.contains("hunter2"), "password in the log: {log}");
 }
 
@@ -226,31 +233,48 @@ fn bad_settings_stop_startup_with_one_line() {
     }
 }
 
-/// `--help` explains every setting and its variable.
+/// `--help` explains every setting and its variable: each option it lists is in
+/// [`SETTINGS`] with the variable it names, and each setting there is listed.
 #[test]
 fn help_names_every_setting() {
     let dir = tempfile::tempdir().unwrap();
     let output = command(None, dir.path()).arg("--help").output().unwrap();
     assert!(output.status.success());
     let help = String::from_utf8_lossy(&output.stdout);
-    for name in [
-        "--bind",
-        "FENCELOCK_BIND",
-        "--database-url",
-        "DATABASE_URL",
-        "--max-ttl-seconds",
-        "FENCELOCK_MAX_TTL_SECONDS",
-        "--pool-size",
-        "FENCELOCK_POOL_SIZE",
-        "--log-format",
-        "FENCELOCK_LOG_FORMAT",
-        "--request-timeout-ms",
-        "FENCELOCK_REQUEST_TIMEOUT_MS",
-        "--max-connections",
-        "FENCELOCK_MAX_CONNECTIONS",
-    ] {
-        assert!(help.contains(name), "--help lacks {name}");
+    let mut listed = help_options(&help);
+    listed.retain(|(flag, _)| !["--help", "--version"].contains(&flag.as_str()));
+    let mut expected: Vec<(String, Option<String>)> = SETTINGS
+        .iter()
+        .map(|(flag, var)| ((*flag).to_owned(), Some((*var).to_owned())))
+        .collect();
+    expected.sort();
+    listed.sort();
+    assert_eq!(listed, expected, "--help and SETTINGS disagree:\n{help}");
+}
+
+/// The options of a `--help` text: each long flag, with the variable of its `[env: ...]`.
+fn help_options(help: &str) -> Vec<(String, Option<String>)> {
+    let mut options: Vec<(String, Option<String>)> = Vec::new();
+    for line in help.lines() {
+        let trimmed = line.trim_start();
+        let flag = trimmed
+            .split(", ")
+            .find(|word| word.starts_with("--"))
+            .filter(|_| trimmed.starts_with('-'));
+        if let Some(flag) = flag {
+            let name = flag.split_whitespace().next().unwrap_or_default();
+            options.push((name.to_owned(), None));
+        }
+        if let (Some(at), Some(option)) = (line.find("[env: "), options.last_mut()) {
+            let var: String = line[at + "[env: ".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            assert!(option.1.is_none(), "two variables for {}", option.0);
+            option.1 = Some(var);
+        }
     }
+    options
 }
 
 /// Losing the log pipe (a collector that restarts) must not take the server down.
@@ -269,30 +293,26 @@ async fn server_survives_a_closed_log_pipe() {
 /// SIGTERM: the server stops on its own, with status 0, and says why.
 #[tokio::test]
 async fn sigterm_stops_the_server_cleanly() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut server = ServerProcess::start(None, dir.path());
-    assert_eq!(acquire(&server, "job:1", "a").await.status(), 200);
-    server.terminate();
-    let status = server.wait(Duration::from_secs(20));
-    assert!(status.success(), "{status:?}");
-    let log = server.log_text();
-    assert!(log.contains("shutting down"), "{log}");
-    assert!(log.contains("SIGTERM"), "{log}");
+    stops_cleanly_on("-TERM", "SIGTERM").await;
 }
 
 /// SIGINT (Ctrl-C) stops the server as gracefully as SIGTERM.
 #[tokio::test]
 async fn sigint_stops_the_server_cleanly() {
+    stops_cleanly_on("-INT", "SIGINT").await;
+}
+
+/// Sends `signal` (as `kill` spells it) to a server that has served a request: it exits with
+/// status 0 and logs that it is shutting down, and on which signal (`name`).
+async fn stops_cleanly_on(signal: &str, name: &str) {
     let dir = tempfile::tempdir().unwrap();
     let mut server = ServerProcess::start(None, dir.path());
     assert_eq!(acquire(&server, "job:1", "a").await.status(), 200);
-    server.signal("-INT");
-    assert!(server.wait(Duration::from_secs(20)).success());
-    assert!(
-        server.log_text().contains("SIGINT"),
-        "{}",
-        server.log_text()
-    );
+    server.signal(signal);
+    let status = server.wait(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+    server.assert_logged("shutting down");
+    server.assert_logged(name);
 }
 
 /// Every lease event is logged with resource and fence, and the owner token never is.

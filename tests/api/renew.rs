@@ -51,24 +51,14 @@ async fn renew_can_shorten_the_lease(kind: StoreKind) {
 async fn renew_with_matching_fence(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     let lock = app.acquire_ok("job:1", "a", TTL).await;
-    let response = app
-        .renew(
-            "job:1",
-            json!({ "owner": "a", "ttl_seconds": TTL, "fence": fence(&lock) }),
-        )
-        .await;
-    assert_eq!(response.status(), 200);
+    let body = json!({ "owner": "a", "ttl_seconds": TTL, "fence": fence(&lock) });
+    assert_eq!(app.renew("job:1", body).await.status(), 200);
 }
 
 async fn renew_of_unknown_lease_is_not_found(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
-    assert_problem(
-        app.renew("never", json!({ "owner": "a", "ttl_seconds": TTL }))
-            .await,
-        404,
-        "not-found",
-    )
-    .await;
+    let body = json!({ "owner": "a", "ttl_seconds": TTL });
+    assert_problem(app.renew("never", body).await, 404, "not-found").await;
 }
 
 /// An expired lease is never renewed, even if nobody took it over: the holder must acquire
@@ -94,13 +84,8 @@ async fn expired_lease_is_not_renewed(kind: StoreKind) {
 async fn other_owner_gets_owner_mismatch(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     let lock = app.acquire_ok("job:1", "a", TTL).await;
-    assert_problem(
-        app.renew("job:1", json!({ "owner": "b", "ttl_seconds": 3600 }))
-            .await,
-        409,
-        "owner-mismatch",
-    )
-    .await;
+    let body = json!({ "owner": "b", "ttl_seconds": 3600 });
+    assert_problem(app.renew("job:1", body).await, 409, "owner-mismatch").await;
     let shown: Value = app.inspect("job:1").await.json().await.unwrap();
     assert_eq!(shown["expires_at"], lock["expires_at"]);
 }
@@ -111,13 +96,8 @@ async fn late_renew_after_takeover_is_refused(kind: StoreKind) {
     let a = app.acquire_ok("job:1", "a", TTL).await;
     app.db.age("job:1", 1).await;
     let b = app.acquire_ok("job:1", "b", TTL).await;
-    let late = app
-        .renew(
-            "job:1",
-            json!({ "owner": "a", "ttl_seconds": TTL, "fence": fence(&a) }),
-        )
-        .await;
-    assert_problem(late, 409, "owner-mismatch").await;
+    let late = json!({ "owner": "a", "ttl_seconds": TTL, "fence": fence(&a) });
+    assert_problem(app.renew("job:1", late).await, 409, "owner-mismatch").await;
     assert_eq!(app.fence_of("job:1").await, fence(&b));
 }
 
@@ -126,16 +106,8 @@ async fn stale_fence_is_refused(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     let old = app.acquire_ok("job:1", "a", TTL).await;
     let new = app.acquire_ok("job:1", "a", TTL).await;
-    let problem = assert_problem(
-        app.renew(
-            "job:1",
-            json!({ "owner": "a", "ttl_seconds": 3600, "fence": fence(&old) }),
-        )
-        .await,
-        409,
-        "stale-fence",
-    )
-    .await;
+    let stale = json!({ "owner": "a", "ttl_seconds": 3600, "fence": fence(&old) });
+    let problem = assert_problem(app.renew("job:1", stale).await, 409, "stale-fence").await;
     assert_eq!(problem["current_fence"], json!(fence(&new)));
     let shown: Value = app.inspect("job:1").await.json().await.unwrap();
     assert_eq!(shown["expires_at"], new["expires_at"]);

@@ -125,6 +125,27 @@ impl WritesPage {
     }
 }
 
+/// A write attempt: `value` for `key`, by the holder of the lease with `fence`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Write {
+    pub key: ResourceName,
+    pub value: Value,
+    pub fence: Fence,
+}
+
+impl Write {
+    /// The answer to this write once the guard admitted it and the store wrote it at
+    /// `updated_at`.
+    fn applied(&self, updated_at: DateTime<Utc>) -> Put {
+        Put::Applied(Doc {
+            key: self.key.to_string(),
+            value: self.value.clone(),
+            fence: self.fence.get(),
+            updated_at,
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Put {
     Applied(Doc),
@@ -134,14 +155,23 @@ pub enum Put {
     },
 }
 
+impl Put {
+    /// What the write log records for this answer.
+    fn outcome(&self) -> Outcome {
+        match self {
+            Self::Applied(_) => Outcome::Applied,
+            Self::Stale { .. } => Outcome::Rejected,
+        }
+    }
+}
+
 /// The documents. Errors are the lease store's: `Unavailable` (the database cannot answer
 /// now: `503`) or `Internal` (a bug or a broken schema: `500`), never an outcome.
 #[async_trait]
 pub trait DocStore: Send + Sync + 'static {
-    /// Writes `value` under `key` if the guard admits `fence`, and logs the attempt; both in
-    /// one transaction.
-    async fn put(&self, key: &ResourceName, value: &Value, fence: Fence)
-    -> Result<Put, StoreError>;
+    /// Writes the value under its key if the guard admits the write's fence, and logs the
+    /// attempt; both in one transaction.
+    async fn put(&self, write: &Write) -> Result<Put, StoreError>;
     async fn get(&self, key: &ResourceName) -> Result<Option<Doc>, StoreError>;
     /// One page of the write attempts on `key`, oldest first; index-backed by
     /// `(key, id)`, so a page costs the same however long the log is.

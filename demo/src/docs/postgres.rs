@@ -1,14 +1,13 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
-use fencelock::domain::{Fence, ResourceName};
+use fencelock::domain::ResourceName;
 use fencelock::guard::{self, Admission};
 use fencelock::store::postgres::{PgConfig, classify, classify_pool};
 use fencelock::store::{StoreError, StoreOptions};
-use serde_json::Value;
 use tokio::sync::OnceCell;
 
-use super::{Doc, DocStore, Guarding, Outcome, Page, Put, WriteRecord, WritesPage, corrupt};
+use super::{Doc, DocStore, Guarding, Outcome, Page, Put, Write, WriteRecord, WritesPage, corrupt};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS docs (
@@ -89,21 +88,17 @@ impl PgDocs {
 
 #[async_trait]
 impl DocStore for PgDocs {
-    async fn put(
-        &self,
-        key: &ResourceName,
-        value: &Value,
-        fence: Fence,
-    ) -> Result<Put, StoreError> {
+    async fn put(&self, write: &Write) -> Result<Put, StoreError> {
+        let Write { key, value, fence } = write;
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(classify)?;
         let admission = match self.guarding {
-            Guarding::On => guard::postgres::admit(&tx, key.as_str(), fence)
+            Guarding::On => guard::postgres::admit(&tx, key.as_str(), *fence)
                 .await
                 .map_err(classify)?,
             Guarding::Off => Admission::Admitted,
         };
-        let (outcome, put) = match admission {
+        let put = match admission {
             Admission::Admitted => {
                 let updated_at: DateTime<Utc> = tx
                     .query_one(
@@ -116,19 +111,13 @@ impl DocStore for PgDocs {
                     .await
                     .map_err(classify)?
                     .get(0);
-                let doc = Doc {
-                    key: key.to_string(),
-                    value: value.clone(),
-                    fence: fence.get(),
-                    updated_at,
-                };
-                (Outcome::Applied, Put::Applied(doc))
+                write.applied(updated_at)
             }
-            Admission::Stale { current } => (Outcome::Rejected, Put::Stale { current }),
+            Admission::Stale { current } => Put::Stale { current },
         };
         tx.execute(
             "INSERT INTO doc_writes (key, fence, outcome) VALUES ($1, $2, $3)",
-            &[&key.as_str(), &fence.get(), &outcome.as_str()],
+            &[&key.as_str(), &fence.get(), &put.outcome().as_str()],
         )
         .await
         .map_err(classify)?;

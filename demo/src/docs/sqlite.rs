@@ -4,13 +4,12 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context as _;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use fencelock::domain::{Fence, ResourceName};
+use fencelock::domain::ResourceName;
 use fencelock::guard::{self, Admission};
 use fencelock::store::StoreError;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
-use serde_json::Value;
 
-use super::{Doc, DocStore, Guarding, Outcome, Page, Put, WriteRecord, WritesPage};
+use super::{Doc, DocStore, Guarding, Outcome, Page, Put, Write, WriteRecord, WritesPage};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS docs (
@@ -79,41 +78,31 @@ fn time(ms: i64) -> anyhow::Result<DateTime<Utc>> {
 
 #[async_trait]
 impl DocStore for SqliteDocs {
-    async fn put(
-        &self,
-        key: &ResourceName,
-        value: &Value,
-        fence: Fence,
-    ) -> Result<Put, StoreError> {
-        let (key, value, guarding) = (key.to_string(), value.clone(), self.guarding);
+    async fn put(&self, write: &Write) -> Result<Put, StoreError> {
+        let (write, guarding) = (write.clone(), self.guarding);
         self.with(move |conn| {
+            let (key, fence) = (write.key.as_str(), write.fence);
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let admission = match guarding {
-                Guarding::On => guard::sqlite::admit(&tx, &key, fence)?,
+                Guarding::On => guard::sqlite::admit(&tx, key, fence)?,
                 Guarding::Off => Admission::Admitted,
             };
             let now = Utc::now().timestamp_millis();
-            let (outcome, put) = match admission {
+            let put = match admission {
                 Admission::Admitted => {
                     tx.execute(
                         "INSERT INTO docs (key, value, fence, updated_at) VALUES (?1, ?2, ?3, ?4)
                          ON CONFLICT (key) DO UPDATE SET
                              value = excluded.value, fence = excluded.fence, updated_at = excluded.updated_at",
-                        params![key, value.to_string(), fence.get(), now],
+                        params![key, write.value.to_string(), fence.get(), now],
                     )?;
-                    let doc = Doc {
-                        key: key.clone(),
-                        value,
-                        fence: fence.get(),
-                        updated_at: time(now)?,
-                    };
-                    (Outcome::Applied, Put::Applied(doc))
+                    write.applied(time(now)?)
                 }
-                Admission::Stale { current } => (Outcome::Rejected, Put::Stale { current }),
+                Admission::Stale { current } => Put::Stale { current },
             };
             tx.execute(
                 "INSERT INTO doc_writes (key, fence, outcome, at) VALUES (?1, ?2, ?3, ?4)",
-                params![key, fence.get(), outcome.as_str(), now],
+                params![key, fence.get(), put.outcome().as_str(), now],
             )?;
             tx.commit()?;
             Ok(put)
