@@ -8,7 +8,7 @@ use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
 use fencelock_demo::docs::{self, Guarding};
 use fencelock_testkit::{
-    Proxy, RawResponse, StoreKind, TestDb, assert_raw_problem, contract, postgres_addr,
+    Proxy, RawResponse, StoreKind, TestDb, assert_raw_problem, contract_stores, postgres_addr,
     raw_exchange,
 };
 use serde_json::{Value, json};
@@ -482,7 +482,7 @@ async fn bad_page_parameters_are_422(kind: StoreKind) {
     assert_eq!(named, ["key", "limit"]);
 }
 
-contract!(
+contract_stores!(
     the_write_log_is_paged,
     bad_page_parameters_are_422,
     guard_orders_writes_by_fence,

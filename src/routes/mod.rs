@@ -79,12 +79,15 @@ fn report_not_writable(cause: &anyhow::Error) {
 
 const NOT_WRITABLE_REPORT_EVERY: Duration = Duration::from_secs(30);
 
-/// Registers every route. Each path answers other methods with `405` and an `Allow` header;
+/// Registers every route: health and readiness, and the lock routes both as `/locks...` and
+/// as `/v1/locks...`. Each path answers other methods with `405` and an `Allow` header;
 /// unknown paths get a `404` problem from the app's default service.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(resource("/healthz", "GET").route(web::get().to(health::healthz)))
         .service(resource("/readyz", "GET").route(web::get().to(health::readyz)))
-        .configure(lock_routes);
+        .configure(lock_routes)
+        // The same contract under a version prefix; the unprefixed paths stay.
+        .service(web::scope("/v1").configure(lock_routes));
 }
 
 /// `/locks/...`. `[^/]*` also matches an empty segment, so `/locks/` reaches the handlers and

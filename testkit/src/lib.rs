@@ -32,17 +32,48 @@ mod storage;
 
 pub use proxy::Proxy;
 pub use raw::{RawResponse, assert_raw_problem, parse_raw, raw_exchange};
-pub use server::{TTL, TestApp, assert_invalid, assert_problem, client, fence, invalid_fields};
+pub use server::{
+    TTL, TestApp, assert_invalid, assert_problem, client, fence, invalid_fields, under_v1,
+};
 pub use storage::{RowLock, StoreKind, TestDb, admin, admin_url, pg_connect, postgres_addr};
 
-/// Instantiates rules for PostgreSQL and SQLite: each `rule`, an
+/// Instantiates rules of the lease server's contract: each `rule`, an
 /// `async fn rule(kind: StoreKind)` in the calling module, becomes the tests
-/// `postgres::rule` and `sqlite::rule` on a multi-threaded runtime.
+/// `postgres::rule` and `sqlite::rule`, and `postgres_v1::rule` and `sqlite_v1::rule`, which
+/// send every `/locks...` request of the rule to `/v1/locks...` instead (API.md, *Paths and
+/// versions*: both serve the same contract). All run on a multi-threaded runtime.
 ///
 /// The caller depends on `tokio` with the `macros` and `rt-multi-thread` features, as
 /// `#[tokio::test]` requires.
 #[macro_export]
 macro_rules! contract {
+    ($($rule:ident),* $(,)?) => {
+        $crate::contract_stores!($($rule),*);
+        mod postgres_v1 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() {
+                    $crate::under_v1(super::$rule($crate::StoreKind::Postgres)).await
+                }
+            )*
+        }
+        mod sqlite_v1 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() {
+                    $crate::under_v1(super::$rule($crate::StoreKind::Sqlite)).await
+                }
+            )*
+        }
+    };
+}
+
+/// Instantiates rules for PostgreSQL and SQLite: each `rule`, an
+/// `async fn rule(kind: StoreKind)` in the calling module, becomes the tests
+/// `postgres::rule` and `sqlite::rule` on a multi-threaded runtime. For services without the
+/// lease server's paths (the demo store).
+#[macro_export]
+macro_rules! contract_stores {
     ($($rule:ident),* $(,)?) => {
         mod postgres {
             $(

@@ -76,8 +76,15 @@ impl TestApp {
         }
     }
 
+    /// The URL of `path` on this server; under [`under_v1`], a `/locks...` path is sent to
+    /// `/v1/locks...`.
     pub fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.address)
+        let prefix = if path.starts_with("/locks") {
+            LOCK_PREFIX.try_with(|prefix| *prefix).unwrap_or("")
+        } else {
+            ""
+        };
+        format!("{}{prefix}{path}", self.address)
     }
 
     pub async fn send(
@@ -258,4 +265,15 @@ impl TestApp {
     pub async fn raw(&self, request: &[u8]) -> crate::raw::RawResponse {
         crate::raw::raw_exchange(self.socket_address(), request).await
     }
+}
+
+tokio::task_local! {
+    /// The prefix `/locks...` paths get in the current test (see [`under_v1`]).
+    static LOCK_PREFIX: &'static str;
+}
+
+/// Runs `test` with every `/locks...` request of [`TestApp`] sent to `/v1/locks...`. Tasks
+/// the test spawns itself keep the unprefixed paths.
+pub async fn under_v1<F: Future>(test: F) -> F::Output {
+    LOCK_PREFIX.scope("/v1", test).await
 }

@@ -53,3 +53,28 @@ async fn internal_error_shows_no_internals(kind: StoreKind) {
 }
 
 contract!(head_is_not_allowed, internal_error_shows_no_internals);
+
+/// `/v1` serves the lock routes only: health, readiness and unknown paths under it are `404`,
+/// while a lease taken under `/v1` is the same lease as without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_serves_the_lock_routes_only() {
+    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    for path in ["/v1/healthz", "/v1/readyz", "/v1/metrics", "/v1/nothing"] {
+        assert_problem(app.get(path).await, 404, "not-found").await;
+    }
+    let taken = app
+        .json(
+            Method::POST,
+            "/v1/locks/job:1",
+            &serde_json::json!({ "owner": "a", "ttl_seconds": TTL }),
+        )
+        .await;
+    assert_eq!(taken.status(), 200);
+    let unprefixed = app
+        .client
+        .get(format!("{}/locks/job:1", app.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unprefixed.status(), 200, "the /v1 lease is the lease");
+}
