@@ -30,7 +30,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    telemetry::init(settings.log_format);
+    if let Err(e) = telemetry::init(settings.log_format) {
+        eprintln!("fencelock: {e:#}");
+        return ExitCode::from(2);
+    }
 
     let result = actix_web::rt::System::new().block_on(async move {
         match cli.command.unwrap_or(Command::Serve) {

@@ -1,34 +1,104 @@
-//! Logging, set up once at start. `RUST_LOG` filters (default `info`); `--log-format json`
-//! writes one JSON object per line for log pipelines. Logs go to stderr.
+//! Logging, set up once at start. `RUST_LOG` filters (default `info`); a filter that does not
+//! parse stops start-up, since a typo would otherwise silence or flood the log unnoticed.
+//! Logs go to stderr.
+//!
+//! `--log-format json` writes one flat JSON object per line for log pipelines: the event's
+//! fields and the fields of the spans it happened in (so every line written while serving a
+//! request carries its `request_id`) side by side at the top level. Lines from libraries that
+//! log through the `log` crate keep their message, level and target, but not the `log.file`
+//! and `log.line` of the machine that built them.
 
 use std::io::IsTerminal as _;
 
+use tracing::field::{Field, Visit};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::prelude::*;
 
 use crate::config::LogFormat;
 
 /// Installs the global subscriber, logging at `info` unless `RUST_LOG` says otherwise. A
 /// second call (tests) leaves the first in place.
-pub fn init(format: LogFormat) {
-    init_with_default(format, "info");
+pub fn init(format: LogFormat) -> anyhow::Result<()> {
+    init_with_default(format, "info")
 }
 
 /// Like [`init`], with another default filter (e.g. `warn` for a command whose own output
 /// must not drown in logs).
-pub fn init_with_default(format: LogFormat, default_filter: &str) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        // A log line that cannot be written (the collector behind stderr went away) is lost;
-        // reporting that with `eprintln!` would panic on the same closed stderr and take the
-        // lease server down with it.
-        .log_internal_errors(false);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+pub fn init_with_default(format: LogFormat, default_filter: &str) -> anyhow::Result<()> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(directives) if !directives.trim().is_empty() => EnvFilter::try_new(&directives)
+            .map_err(|e| anyhow::anyhow!("RUST_LOG={directives:?} is not a valid filter: {e}"))?,
+        _ => EnvFilter::new(default_filter),
     };
+    let _ = match format {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_target(false)
+            // A log line that cannot be written (the collector behind stderr went away) is
+            // lost; reporting that with `eprintln!` would panic on the same closed stderr and
+            // take the lease server down with it.
+            .log_internal_errors(false)
+            .finish()
+            .try_init(),
+        LogFormat::Json => tracing_subscriber::registry()
+            .with(filter)
+            .with(json_layer())
+            .try_init(),
+    };
+    Ok(())
+}
+
+fn json_layer<S>() -> json_subscriber::JsonLayer<S, fn() -> std::io::Stderr>
+where
+    S: tracing::Subscriber + for<'lookup> tracing_subscriber::registry::LookupSpan<'lookup>,
+{
+    let mut layer = json_subscriber::JsonLayer::stderr();
+    layer.log_internal_errors(false);
+    layer.with_timer("timestamp", tracing_subscriber::fmt::time::SystemTime);
+    layer.with_level("level");
+    layer.with_top_level_flattened_span_list();
+    layer.add_multiple_dynamic_fields(|event, _, writer| {
+        event.record(&mut TopLevel(writer));
+    });
+    layer
+}
+
+/// Writes an event's fields at the top level of its JSON line, leaving out the `log.*`
+/// metadata a `log` record carries (among it the source path on the building machine).
+struct TopLevel<'a, 'b>(&'a mut json_subscriber::FieldWriter<'b>);
+
+impl TopLevel<'_, '_> {
+    fn write(&mut self, field: &Field, value: impl serde::Serialize) {
+        if !field.name().starts_with("log.") {
+            let _ = self.0.write_field(field.name(), value);
+        }
+    }
+}
+
+impl Visit for TopLevel<'_, '_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.write(field, value);
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.write(field, value);
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.write(field, value);
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.write(field, value);
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.write(field, value);
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.write(field, format!("{value:?}"));
+    }
 }

@@ -77,7 +77,12 @@ fn main() -> ExitCode {
         Command::Store { .. } => "info",
         Command::PausedWorker { .. } => "warn",
     };
-    fencelock::telemetry::init_with_default(fencelock::config::LogFormat::Text, default_filter);
+    if let Err(e) =
+        fencelock::telemetry::init_with_default(fencelock::config::LogFormat::Text, default_filter)
+    {
+        eprintln!("fencelock-demo: {e:#}");
+        return ExitCode::from(2);
+    }
     actix_web::rt::System::new().block_on(async move {
         match cli.command {
             Command::Store {

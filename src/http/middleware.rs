@@ -10,69 +10,120 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use actix_web::Error;
+use actix_web::HttpMessage as _;
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;
-use actix_web::http::header::HeaderValue;
+use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::middleware::Next;
 use actix_web::web::Bytes;
+use tracing::Instrument as _;
 
 use super::problem::{ApiError, PROBLEM_JSON};
 
 /// Longest request target quoted back as a problem's `instance`.
 const MAX_INSTANCE_BYTES: usize = 256;
 
+/// The header a request id travels in, both ways.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// Longest request id kept from a client.
+const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// The id of the request being served, in its extensions, for handlers that want it.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
 pub async fn observe(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, Error> {
     let started = Instant::now();
-    let method = req.method().clone();
-    let path = instance_of(req.uri());
+    let id = request_id(req.headers().get(REQUEST_ID));
+    req.extensions_mut().insert(RequestId(id.clone()));
+    // Every line logged while serving the request, by fencelock or a library, carries its id.
+    let span = tracing::info_span!("request", request_id = %id);
+    async move {
+        let method = req.method().clone();
+        let path = instance_of(req.uri());
+        let response = next.call(req).await?;
+        let mut response = match response.response().error() {
+            None => response.map_into_boxed_body(),
+            Some(_) => problem(response, &method, &path, &id),
+        };
+        if let Ok(value) = HeaderValue::from_str(&id) {
+            response
+                .headers_mut()
+                .insert(HeaderName::from_static(REQUEST_ID), value);
+        }
+        tracing::info!(
+            http.method = %method,
+            http.path = %path,
+            http.status = response.status().as_u16(),
+            duration_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            "request"
+        );
+        Ok(response)
+    }
+    .instrument(span)
+    .await
+}
 
-    let response = next.call(req).await?;
-    let response = match response.response().error() {
-        None => response.map_into_boxed_body(),
-        Some(error) => {
-            // An error of fencelock's own has set its status and headers already; one of the
-            // framework's is answered as the problem its status stands for.
-            let fallback;
-            let (api, head) = match error.as_error::<ApiError>() {
-                Some(api) => (api, None),
-                None => {
-                    fallback = ApiError::from_status(response.status());
-                    (&fallback, Some(fallback.response_head()))
-                }
-            };
-            match api {
-                ApiError::Internal(cause) => {
-                    tracing::error!(http.method = %method, http.path = %path, error = ?cause, "internal error");
-                }
-                ApiError::StoreUnavailable(cause) | ApiError::StoreNotWritable(cause) => {
-                    tracing::warn!(http.method = %method, http.path = %path, error = %format!("{cause:#}"), "store unavailable");
-                }
-                ApiError::NotReady(cause) => {
-                    tracing::warn!(http.method = %method, http.path = %path, error = %cause, "store not ready");
-                }
-                _ => {}
-            }
-            let document = api.problem_json(&path);
-            let response = match head {
-                Some(head) => response.into_response(head),
-                None => response.map_into_boxed_body(),
-            };
-            response.map_body(|_, _| BoxBody::new(document))
+/// Writes the problem document of an error response (once, here, where the request path and
+/// id are known), and logs a server-side error with its cause, which the client never sees.
+fn problem(
+    response: ServiceResponse<impl MessageBody + 'static>,
+    method: &actix_web::http::Method,
+    path: &str,
+    id: &str,
+) -> ServiceResponse<BoxBody> {
+    let Some(error) = response.response().error() else {
+        return response.map_into_boxed_body();
+    };
+    // An error of fencelock's own has set its status and headers already; one of the
+    // framework's is answered as the problem its status stands for.
+    let fallback;
+    let (api, head) = match error.as_error::<ApiError>() {
+        Some(api) => (api, None),
+        None => {
+            fallback = ApiError::from_status(response.status());
+            (&fallback, Some(fallback.response_head()))
         }
     };
+    match api {
+        ApiError::Internal(cause) => {
+            tracing::error!(http.method = %method, http.path = %path, error = ?cause, "internal error");
+        }
+        ApiError::StoreUnavailable(cause) | ApiError::StoreNotWritable(cause) => {
+            tracing::warn!(http.method = %method, http.path = %path, error = %format!("{cause:#}"), "store unavailable");
+        }
+        ApiError::NotReady(cause) => {
+            tracing::warn!(http.method = %method, http.path = %path, error = %cause, "store not ready");
+        }
+        _ => {}
+    }
+    let document = api.problem_json(path, id);
+    let response = match head {
+        Some(head) => response.into_response(head),
+        None => response.map_into_boxed_body(),
+    };
+    response.map_body(|_, _| BoxBody::new(document))
+}
 
-    tracing::info!(
-        http.method = %method,
-        http.path = %path,
-        http.status = response.status().as_u16(),
-        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
-        "request"
-    );
-    Ok(response)
+/// The client's `X-Request-Id` when it is 1-128 characters of `A-Z a-z 0-9 . _ -`; otherwise
+/// (none, empty, too long, anything else) a fresh one: a log line must never carry a
+/// client's control bytes or an id that cannot be searched for.
+pub fn request_id(given: Option<&HeaderValue>) -> String {
+    let valid = |id: &&str| {
+        (1..=MAX_REQUEST_ID_LEN).contains(&id.len())
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    };
+    match given.and_then(|v| v.to_str().ok()).filter(valid) {
+        Some(id) => id.to_owned(),
+        None => uuid::Uuid::new_v4().to_string(),
+    }
 }
 
 /// The problem `instance` for a request: its path, or the whole target when there is no
@@ -108,15 +159,18 @@ pub fn refused_by_parser(status: StatusCode, received: &[u8]) -> (HeaderValue, B
         other => ApiError::from_status(other),
     };
     let instance = request_target(received);
+    // The parser refused the head, so no header of it is trusted; the id is new.
+    let id = request_id(None);
     tracing::warn!(
         http.status = status.as_u16(),
         http.target = %instance,
+        request_id = %id,
         detail = %error,
         "request refused by the HTTP parser"
     );
     (
         HeaderValue::from_static(PROBLEM_JSON),
-        Bytes::from(error.problem_json(&instance)),
+        Bytes::from(error.problem_json(&instance, &id)),
     )
 }
 
@@ -159,6 +213,19 @@ mod tests {
         let long = format!("GET /{} HTTP/1.1", "a".repeat(100_000));
         let quoted = request_target(long.as_bytes());
         assert!(quoted.len() <= MAX_INSTANCE_BYTES + 3 && quoted.ends_with("..."));
+    }
+
+    #[test]
+    fn request_ids_are_kept_when_safe_and_made_otherwise() {
+        let kept = |text: &str| request_id(Some(&HeaderValue::from_str(text).unwrap()));
+        assert_eq!(kept("abc-123_X.y"), "abc-123_X.y");
+        assert_eq!(kept(&"a".repeat(128)), "a".repeat(128));
+        for bad in ["", "a b", "a/b", &"a".repeat(129)] {
+            let made = request_id(HeaderValue::from_str(bad).ok().as_ref());
+            assert_ne!(made, bad);
+            assert_eq!(made.len(), 36, "{made}");
+        }
+        assert_ne!(request_id(None), request_id(None));
     }
 
     #[test]

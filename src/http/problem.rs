@@ -135,12 +135,13 @@ impl ApiError {
         }
     }
 
-    /// The problem document for a request to `instance`, as JSON.
-    pub fn problem_json(&self, instance: &str) -> Vec<u8> {
-        serde_json::to_vec(&self.problem(instance)).expect("a problem document serialises")
+    /// The problem document for request `request_id` to `instance`, as JSON.
+    pub fn problem_json(&self, instance: &str, request_id: &str) -> Vec<u8> {
+        serde_json::to_vec(&self.problem(instance, request_id))
+            .expect("a problem document serialises")
     }
 
-    fn problem<'a>(&'a self, instance: &'a str) -> Problem<'a> {
+    fn problem<'a>(&'a self, instance: &'a str, request_id: &'a str) -> Problem<'a> {
         let (status, kind) = self.status_and_type();
         let mut body = Problem {
             kind,
@@ -148,6 +149,7 @@ impl ApiError {
             status: status.as_u16(),
             detail: self.to_string(),
             instance,
+            request_id,
             errors: None,
             current_fence: None,
         };
@@ -238,6 +240,7 @@ struct Problem<'a> {
     status: u16,
     detail: String,
     instance: &'a str,
+    request_id: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     errors: Option<&'a [FieldError]>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -199,7 +199,7 @@ pub fn client() -> Client {
 
 fn init_logging() {
     if std::env::var_os("TEST_LOG").is_some() {
-        fencelock::telemetry::init(fencelock::config::LogFormat::Text);
+        let _ = fencelock::telemetry::init(fencelock::config::LogFormat::Text);
     }
 }
 
@@ -220,6 +220,12 @@ pub async fn assert_problem(response: Response, status: u16, kind: &str) -> Valu
         .unwrap_or_default()
         .to_owned();
     let path = response.url().path().to_owned();
+    let request_id = response
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
     let body: Value = response.json().await.expect("problem body is JSON");
     assert_eq!(content_type, "application/problem+json", "{body}");
     assert_eq!(body["type"], json!(kind), "{body}");
@@ -227,6 +233,8 @@ pub async fn assert_problem(response: Response, status: u16, kind: &str) -> Valu
     assert!(body["title"].is_string(), "{body}");
     assert!(body["detail"].is_string(), "{body}");
     assert_eq!(body["instance"], json!(path), "{body}");
+    assert!(!request_id.is_empty(), "no X-Request-Id on {body}");
+    assert_eq!(body["request_id"], json!(request_id), "{body}");
     body
 }
 

@@ -201,7 +201,7 @@ type EnvVar<'a> = (&'a str, &'a str);
 #[test]
 fn bad_settings_stop_startup_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], Option<EnvVar<'_>>); 13] = [
+    let cases: [(&[&str], Option<EnvVar<'_>>); 14] = [
         (&["--bind", "nope"], None),
         (&["--max-ttl-seconds", "0"], None),
         (&["--max-ttl-seconds", "-5"], None),
@@ -216,6 +216,7 @@ fn bad_settings_stop_startup_with_one_line() {
         // Far above any open-file limit: refused at start, not by failing accepts later.
         (&["--max-connections", "1000000000000"], None),
         (&[], Some(("FENCELOCK_MAX_CONNECTIONS", "1000000000000"))),
+        (&[], Some(("RUST_LOG", "fencelock=loud"))),
     ];
     for (args, env) in cases {
         let mut command = command(None, dir.path());
@@ -503,4 +504,50 @@ async fn parser_refusals_are_never_logged_as_errors() {
         .filter(|e| e["level"] == "WARN" && e["message"] == "request refused by the HTTP parser")
         .count();
     assert_eq!(warned, refused.len(), "{log}");
+}
+
+/// A request's id is kept when the client sends a good one, echoed on the response, and
+/// carried by every JSON log line written while serving it (the request line and the lease
+/// event alike); durations are whole microseconds; no line names a source file.
+#[tokio::test]
+async fn request_ids_reach_every_log_line_of_their_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(None, dir.path());
+    let response = client()
+        .post(server.url("/locks/job:1"))
+        .header("x-request-id", "trace-me-42")
+        .json(&json!({ "owner": "a", "ttl_seconds": TTL }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-request-id"], "trace-me-42");
+
+    let lines: Vec<Value> = server
+        .log_text()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("every log line is JSON"))
+        .collect();
+    let of_request: Vec<&Value> = lines
+        .iter()
+        .filter(|line| line["request_id"] == "trace-me-42")
+        .collect();
+    let messages: Vec<&str> = of_request
+        .iter()
+        .filter_map(|line| line["message"].as_str())
+        .collect();
+    assert!(messages.contains(&"lease acquired"), "{messages:?}");
+    assert!(messages.contains(&"request"), "{messages:?}");
+    let request_line = of_request
+        .iter()
+        .find(|line| line["message"] == "request")
+        .unwrap();
+    assert!(request_line["duration_us"].is_u64(), "{request_line}");
+    for line in &lines {
+        let text = line.to_string();
+        assert!(
+            !text.contains("log.file") && !text.contains(".rs\""),
+            "{text}"
+        );
+    }
 }
