@@ -52,15 +52,20 @@ pub enum Command {
     Serve,
     /// Apply the store's migrations and exit.
     Migrate,
+    /// Check, changing nothing, that the store can serve leases (reachable, writable, this
+    /// build's schema); exit non-zero with the cause in one line if not.
+    Check,
 }
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServerArgs {
-    /// Address and port to listen on.
+    /// Address and port to listen on: `HOST:PORT`, where HOST is an IP address or a name
+    /// (`localhost:8080`).
     #[arg(
         long,
         env = "FENCELOCK_BIND",
         default_value = DEFAULT_BIND,
+        value_parser = resolve_bind,
         global = true
     )]
     pub bind: SocketAddr,
@@ -148,6 +153,26 @@ pub enum LogFormat {
     Json,
 }
 
+/// `HOST:PORT` to the address to listen on. A name is resolved once, at start; of its
+/// addresses the first IPv4 one is taken (a name such as `localhost` usually has an IPv4 and
+/// an IPv6 address, and clients try both).
+fn resolve_bind(text: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs as _;
+    if let Ok(address) = text.parse() {
+        return Ok(address);
+    }
+    let addresses: Vec<SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|e| format!("{text:?} is not HOST:PORT with a host that resolves: {e}"))?
+        .collect();
+    addresses
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addresses.first())
+        .copied()
+        .ok_or_else(|| format!("{text:?} resolves to no address"))
+}
+
 /// Everything the server needs, validated.
 #[derive(Clone)]
 pub struct Settings {
@@ -204,5 +229,27 @@ impl Settings {
             request_timeout: Duration::from_millis(DEFAULT_REQUEST_TIMEOUT_MS),
             max_connections: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bind_takes_addresses_and_names() {
+        assert_eq!(
+            resolve_bind("127.0.0.1:8080").unwrap(),
+            "127.0.0.1:8080".parse::<SocketAddr>().unwrap()
+        );
+        assert_eq!(
+            resolve_bind("[::1]:0").unwrap(),
+            "[::1]:0".parse::<SocketAddr>().unwrap()
+        );
+        let local = resolve_bind("localhost:8080").unwrap();
+        assert!(local.ip().is_loopback() && local.port() == 8080, "{local}");
+        assert!(resolve_bind("nope").is_err());
+        assert!(resolve_bind("localhost").is_err());
+        assert!(resolve_bind("localhost:http-alt").is_err());
     }
 }

@@ -30,21 +30,31 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = telemetry::init(settings.log_format) {
+    let command = cli.command.unwrap_or(Command::Serve);
+    // A check's answer is its one line on stdout; its logs only speak of trouble.
+    let default_filter = match command {
+        Command::Check => "warn",
+        Command::Serve | Command::Migrate => "info",
+    };
+    if let Err(e) = telemetry::init_with_default(settings.log_format, default_filter) {
         eprintln!("fencelock: {e:#}");
         return ExitCode::from(2);
     }
 
     let result = actix_web::rt::System::new().block_on(async move {
-        match cli.command.unwrap_or(Command::Serve) {
+        match command {
             Command::Serve => serve(settings).await,
             Command::Migrate => migrate(settings).await,
+            Command::Check => check(settings).await,
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("fencelock: {e:#}");
+            // One line, whatever the cause's own text holds (PostgreSQL's DETAIL and HINT
+            // come on lines of their own).
+            let cause = format!("{e:#}").replace('\n', "; ");
+            eprintln!("fencelock: {cause}");
             ExitCode::FAILURE
         }
     }
@@ -63,6 +73,12 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         handle.stop(true).await;
     });
     app.run_until_stopped().await
+}
+
+async fn check(settings: Settings) -> anyhow::Result<()> {
+    let found = store::check(&settings.store, settings.store_options()).await?;
+    println!("fencelock check: ok: {found}");
+    Ok(())
 }
 
 async fn migrate(settings: Settings) -> anyhow::Result<()> {

@@ -213,6 +213,7 @@ impl From<crate::store::StoreError> for ApiError {
         match e {
             StoreError::Unavailable(cause) => Self::StoreUnavailable(cause),
             StoreError::NotWritable(cause) => Self::StoreNotWritable(cause),
+            StoreError::Misconfigured(cause) => Self::StoreUnavailable(cause),
             StoreError::Internal(cause) => Self::Internal(cause),
         }
     }

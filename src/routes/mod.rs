@@ -11,7 +11,7 @@ use actix_web::web;
 
 use crate::domain::Ttl;
 use crate::http::{ApiError, resource};
-use crate::store::{Deadline, SharedStore, StoreError};
+use crate::store::{self, Deadline, SharedStore, StoreError};
 
 /// How much longer than a write's deadline its request waits for the store's answer. The
 /// store refuses work whose deadline has passed, so normally its own answer (done, or `503`
@@ -53,8 +53,18 @@ async fn bounded<T>(
 ) -> Result<T, ApiError> {
     match tokio::time::timeout(limit, operation).await {
         Ok(Err(StoreError::NotWritable(cause))) => {
-            report_not_writable(&cause);
+            store::report_lasting(
+                "the lease store refuses writes; every write answers 503 until it is writable again",
+                &cause,
+            );
             Err(ApiError::StoreNotWritable(cause))
+        }
+        Ok(Err(StoreError::Misconfigured(cause))) => {
+            store::report_lasting(
+                "the lease store cannot be used as configured; every request that needs it answers 503 until it is fixed",
+                &cause,
+            );
+            Err(ApiError::StoreUnavailable(cause))
         }
         Ok(result) => result.map_err(ApiError::from),
         Err(_) => Err(ApiError::StoreUnavailable(anyhow::anyhow!(
@@ -62,22 +72,6 @@ async fn bounded<T>(
         ))),
     }
 }
-
-/// Logs at ERROR that the store refuses writes, at most once per [`NOT_WRITABLE_REPORT_EVERY`]:
-/// it will not heal by waiting, so an operator must hear of it, but one line says it all and
-/// a line per request would bury everything else (each request still gets its WARN line).
-fn report_not_writable(cause: &anyhow::Error) {
-    static LAST_REPORT: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
-    let mut last = LAST_REPORT
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if last.is_none_or(|at| at.elapsed() >= NOT_WRITABLE_REPORT_EVERY) {
-        *last = Some(std::time::Instant::now());
-        tracing::error!(error = %format!("{cause:#}"), "the lease store refuses writes; every write answers 503 until it is writable again");
-    }
-}
-
-const NOT_WRITABLE_REPORT_EVERY: Duration = Duration::from_secs(30);
 
 /// Registers every route: health and readiness, and the lock routes both as `/locks...` and
 /// as `/v1/locks...`. Each path answers other methods with `405` and an `Allow` header;

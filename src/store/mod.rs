@@ -35,7 +35,13 @@ pub enum StoreError {
     /// succeed once the store is writable again.
     #[error("store refuses writes: {0:#}")]
     NotWritable(anyhow::Error),
-    /// A bug or a broken schema: retrying will not help.
+    /// The store cannot be used as configured, and waiting will not change that: the login is
+    /// refused, the database does not exist, the server wants TLS, or the schema there is not
+    /// fencelock's. Answered `503` (and tried again on every request, so fixing it heals the
+    /// server), and reported loudly with the store's own words.
+    #[error("store misconfigured: {0:#}")]
+    Misconfigured(anyhow::Error),
+    /// A bug: retrying will not help.
     #[error("store error: {0:#}")]
     Internal(anyhow::Error),
 }
@@ -52,6 +58,7 @@ impl StoreError {
         match self {
             Self::Unavailable(e) => Self::Unavailable(cause(e)),
             Self::NotWritable(e) => Self::NotWritable(cause(e)),
+            Self::Misconfigured(e) => Self::Misconfigured(cause(e)),
             Self::Internal(e) => Self::Internal(cause(e)),
         }
     }
@@ -155,6 +162,43 @@ pub trait LeaseStore: Send + Sync + 'static {
 
 pub type SharedStore = Arc<dyn LeaseStore>;
 
+/// Logs at ERROR a store failure that will not heal by waiting (the store refuses writes, or
+/// cannot be used as configured), at most once per [`LASTING_REPORT_EVERY`] in this process:
+/// an operator must hear of it, with the store's own words, but one line says it all and a
+/// line per request would bury everything else (each request still gets its WARN line).
+pub fn report_lasting(what: &str, cause: &anyhow::Error) {
+    static LAST_REPORT: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+    let mut last = LAST_REPORT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if last.is_none_or(|at| at.elapsed() >= LASTING_REPORT_EVERY) {
+        *last = Some(Instant::now());
+        tracing::error!(error = %format!("{cause:#}"), "{what}");
+    }
+}
+
+const LASTING_REPORT_EVERY: Duration = Duration::from_secs(30);
+
+/// Verifies, changing nothing, that the configured store can serve leases: reachable,
+/// writable, and with exactly this build's schema. `Ok` tells what was found; `Err` the cause
+/// of the first problem, in one line (for `fencelock check` in a deploy script).
+pub async fn check(config: &StoreConfig, options: StoreOptions) -> anyhow::Result<String> {
+    match config {
+        StoreConfig::Postgres(pg) => {
+            let store = postgres::PgStore::connect((**pg).clone(), 1, options.timeout)?;
+            tokio::time::timeout(options.timeout.max(Duration::from_secs(5)), store.check())
+                .await
+                .map_err(|_| {
+                    anyhow::anyhow!("{}: no answer within the store timeout", store.describe())
+                })?
+        }
+        StoreConfig::Sqlite(path) => {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || sqlite::check(&path)).await?
+        }
+    }
+}
+
 /// Opens the store the configuration names and applies its migrations.
 ///
 /// An unreachable PostgreSQL is not fatal here: the server starts, answers `503` and `/readyz`
@@ -165,8 +209,17 @@ pub async fn open(config: &StoreConfig, options: StoreOptions) -> anyhow::Result
         StoreConfig::Postgres(pg) => {
             let store =
                 postgres::PgStore::connect((**pg).clone(), options.pool_size, options.timeout)?;
-            if let Err(e) = store.ensure_schema().await {
-                tracing::warn!(error = %e, "PostgreSQL is not available yet; serving 503 until it is");
+            match store.ensure_schema().await {
+                Ok(()) => {}
+                Err(StoreError::Misconfigured(cause) | StoreError::NotWritable(cause)) => {
+                    report_lasting(
+                        "PostgreSQL cannot be used as configured; serving 503 until it is fixed",
+                        &cause,
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "PostgreSQL is not available yet; serving 503 until it is");
+                }
             }
             Ok(Arc::new(store))
         }

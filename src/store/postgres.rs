@@ -153,6 +153,27 @@ impl deadpool_postgres::Connect for OnDriverRuntime {
     }
 }
 
+/// The schema version a database is at, if it is exactly the one this build's migrations
+/// (`known`) end at; otherwise why not, in one line.
+pub(crate) fn schema_version<V: Ord + Copy + Default + std::fmt::Display>(
+    known: impl Iterator<Item = V>,
+    applied: impl Iterator<Item = V>,
+) -> anyhow::Result<V> {
+    let latest = known.max().unwrap_or_default();
+    match applied.max() {
+        None => anyhow::bail!(
+            "the schema is not set up (no migration applied); run `fencelock migrate` or start the server once"
+        ),
+        Some(at) if at < latest => anyhow::bail!(
+            "the schema is at version {at}, this build needs {latest}; run `fencelock migrate`"
+        ),
+        Some(at) if at > latest => anyhow::bail!(
+            "the schema is at version {at}, newer than this build knows ({latest}); run a newer fencelock"
+        ),
+        Some(at) => Ok(at),
+    }
+}
+
 fn redact_password(url: &str) -> String {
     // postgres://user:password@host/db → postgres://user:***@host/db
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -276,11 +297,67 @@ impl PgStore {
             let report = embedded::migrations::runner()
                 .run_async(&mut client)
                 .await
-                .map_err(|e| StoreError::Internal(anyhow::anyhow!("applying migrations: {e}")))?;
+                .map_err(|e| {
+                    StoreError::Misconfigured(anyhow::Error::new(e).context(
+                        "the database's schema is not one fencelock can migrate (a table of another application named like fencelock's, or a changed migration)",
+                    ))
+                })?;
             for migration in report.applied_migrations() {
                 tracing::info!(migration = %migration, "applied PostgreSQL migration");
             }
             Ok(())
+        }
+        .await;
+        drop(client);
+        let _ = driver.await;
+        result
+    }
+
+    /// Connects and verifies, without changing anything, that this database can serve
+    /// leases: it accepts writes, and its schema is exactly this build's. Returns what was
+    /// found, or the cause of the first problem in one line.
+    pub async fn check(&self) -> anyhow::Result<String> {
+        let (mut client, connection) = self
+            .config
+            .config
+            .connect(NoTls)
+            .await
+            .map_err(|e| anyhow::anyhow!("{:#}", classify(e)))?;
+        let driver = tokio::spawn(connection);
+        let result = async {
+            let read_only: bool = client.query_one(READ_ONLY, &[]).await?.get(0);
+            if read_only {
+                anyhow::bail!(
+                    "PostgreSQL accepts only reads (a hot standby, or transaction_read_only is on)"
+                );
+            }
+            let runner = embedded::migrations::runner();
+            let applied = runner
+                .get_applied_migrations_async(&mut client)
+                .await
+                .map_err(|e| anyhow::anyhow!("reading the applied migrations: {e}"))?;
+            let foreign: bool = client
+                .query_one("SELECT to_regclass('leases') IS NOT NULL", &[])
+                .await?
+                .get(0);
+            if applied.is_empty() && foreign {
+                anyhow::bail!(
+                    "a table named leases already exists that fencelock did not create; use a database of its own"
+                );
+            }
+            let version = schema_version(
+                runner.get_migrations().iter().map(|m| m.version()),
+                applied.iter().map(|m| m.version()),
+            )?;
+            for probe in SCHEMA_PROBES {
+                client.simple_query(probe).await.map_err(|e| {
+                    anyhow::anyhow!(
+                        "the schema is not fencelock's ({probe}): {:#}",
+                        anyhow::Error::new(e)
+                    )
+                })?;
+            }
+            Ok(format!("{} has schema version {version}", self.describe()))
         }
         .await;
         drop(client);
@@ -390,6 +467,16 @@ FROM current c";
 const PROBE: &str = "
 INSERT INTO store_probe (id, checked_at) VALUES (1, now())
 ON CONFLICT (id) DO UPDATE SET checked_at = EXCLUDED.checked_at";
+
+/// What `check` reads to make sure the tables and functions the statements use are there, with
+/// the columns they use. Reads only.
+const SCHEMA_PROBES: [&str; 4] = [
+    "SELECT resource, owner, fence, acquired_at, expires_at FROM leases LIMIT 0",
+    "SELECT id, checked_at FROM store_probe LIMIT 0",
+    "SELECT last_value FROM lease_fence",
+    "SELECT 'fencelock_acquire(text,text,integer,timestamp with time zone)'::regprocedure,
+            'fencelock_in_time(timestamp with time zone)'::regprocedure",
+];
 
 /// A database that accepts only reads: a hot standby, or read-only by configuration.
 const READ_ONLY: &str =
@@ -558,6 +645,16 @@ pub fn classify(e: tokio_postgres::Error) -> StoreError {
                 "PostgreSQL accepts only reads (a hot standby, or transaction_read_only is on)",
             ));
         }
+        Some(code)
+            if code == &SqlState::INVALID_PASSWORD
+                || code == &SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+                || code == &SqlState::INVALID_CATALOG_NAME
+                || code == &SqlState::INSUFFICIENT_PRIVILEGE =>
+        {
+            return StoreError::Misconfigured(
+                anyhow::Error::new(e).context("PostgreSQL refuses this login or database"),
+            );
+        }
         Some(code) if code == &SqlState::DISK_FULL => {
             return StoreError::NotWritable(
                 anyhow::Error::new(e).context("PostgreSQL's disk is full"),
@@ -579,7 +676,6 @@ pub fn classify(e: tokio_postgres::Error) -> StoreError {
                 || code.code().starts_with("08") // connection exceptions
                 || code.code().starts_with("53") // insufficient resources
                 || code.code().starts_with("57") // operator intervention
-                || code.code() == "3D000" // database does not exist (yet)
         });
     if transient {
         StoreError::Unavailable(e.into())
@@ -588,11 +684,18 @@ pub fn classify(e: tokio_postgres::Error) -> StoreError {
     }
 }
 
-/// Every failure to get a connection means the database cannot be reached right now: refused,
-/// timed out, or refusing new sessions (shutting down, `ALLOW_CONNECTIONS false`, too many
-/// clients). None of them is a reason for a `500`. Public for the same reason as [`classify`].
+/// A failure to get a connection: the database's own refusal is sorted like any other of its
+/// errors (a refused login is a misconfiguration, a server shutting down is transient);
+/// everything else about the pool (timeouts, closed) means the database cannot be reached
+/// right now. None of them is a reason for a `500`. Public for the same reason as [`classify`].
 pub fn classify_pool(e: PoolError) -> StoreError {
-    StoreError::Unavailable(e.into())
+    match e {
+        PoolError::Backend(e) => match classify(e) {
+            StoreError::Internal(cause) => StoreError::Unavailable(cause),
+            other => other,
+        },
+        other => StoreError::Unavailable(other.into()),
+    }
 }
 
 #[cfg(test)]

@@ -93,6 +93,43 @@ impl SqliteStore {
     }
 }
 
+/// Opens the file, without creating it, and verifies without changing anything that it can
+/// serve leases: it can be written, and its schema is exactly this build's. Returns what was
+/// found, or the cause of the first problem in one line.
+pub fn check(path: &Path) -> anyhow::Result<String> {
+    let flags =
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut conn = Connection::open_with_flags(path, flags)
+        .with_context(|| format!("opening SQLite database {} (it must exist)", path.display()))?;
+    if is_read_only(&conn) {
+        anyhow::bail!("the SQLite file {} is read-only", path.display());
+    }
+    let runner = embedded::migrations::runner();
+    let applied = runner
+        .get_applied_migrations(&mut conn)
+        .map_err(|e| anyhow::anyhow!("reading the applied migrations: {e}"))?;
+    let version = super::postgres::schema_version(
+        runner.get_migrations().iter().map(|m| m.version()),
+        applied.iter().map(|m| m.version()),
+    )?;
+    for probe in SCHEMA_PROBES {
+        conn.execute_batch(probe)
+            .with_context(|| format!("the schema is not fencelock's ({probe})"))?;
+    }
+    Ok(format!(
+        "SQLite file {} has schema version {version}",
+        path.display()
+    ))
+}
+
+/// What `check` reads to make sure the tables the statements use are there, with the columns
+/// they use. Reads only.
+const SCHEMA_PROBES: [&str; 3] = [
+    "SELECT resource, owner, fence, acquired_at, expires_at FROM leases LIMIT 0",
+    "SELECT last_fence FROM fence_counter WHERE id = 1",
+    "SELECT writes FROM store_probe WHERE id = 1",
+];
+
 /// Opens the file for the store: WAL, durable commits, a bounded wait for other processes.
 ///
 /// Services beside the lease store (the demo's document store) open their SQLite files with

@@ -29,7 +29,7 @@ const SETTINGS: [(&str, &str); 10] = [
     ("--max-connections", "FENCELOCK_MAX_CONNECTIONS"),
 ];
 
-fn command(database_url: Option<&str>, cwd: &Path) -> Command {
+pub fn command(database_url: Option<&str>, cwd: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
     for (_, var) in SETTINGS {
         command.env_remove(var);

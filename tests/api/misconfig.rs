@@ -1,0 +1,142 @@
+//! Misconfiguration is visible, never a silent `503` forever: a store that cannot be used as
+//! configured (a login refused, a database that does not exist, a schema that is not
+//! fencelock's) answers `503` like an outage, but the log says why at ERROR, with the
+//! database's own words, once rather than per request, `/readyz` names the cause, and
+//! `fencelock check` exits non-zero with it in one line.
+
+use std::process::Output;
+
+use serde_json::{Value, json};
+
+use crate::helpers::{StoreKind, TTL, TestDb, admin_url, client};
+use crate::process::{ServerProcess, command};
+
+/// `admin_url` with its login replaced by `user`.
+fn as_user(user: &str) -> String {
+    let url = admin_url();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    format!("{scheme}://{user}@{host}")
+}
+
+/// `admin_url` naming database `name`.
+fn database(name: &str) -> String {
+    let url = admin_url();
+    let (base, query) = url.split_once('?').unwrap_or((&url, ""));
+    let (server, _) = base.rsplit_once('/').unwrap();
+    let query = if query.is_empty() {
+        String::new()
+    } else {
+        format!("?{query}")
+    };
+    format!("{server}/{name}{query}")
+}
+
+fn check(url: &str) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    command(Some(url), dir.path())
+        .arg("check")
+        .output()
+        .unwrap()
+}
+
+/// The server started on `url` answers `503` to store work, names `cause` in `/readyz` and in
+/// one ERROR line, and `fencelock check` fails with `cause` in one line.
+async fn misconfiguration_is_named(url: &str, cause: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(Some(url), dir.path());
+    let client = client();
+    for i in 0..3 {
+        let response = client
+            .post(server.url(&format!("/locks/job:{i}")))
+            .json(&json!({ "owner": "a", "ttl_seconds": TTL }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 503);
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["type"], "store-unavailable");
+    }
+    let ready = client.get(server.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let problem: Value = ready.json().await.unwrap();
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains(cause),
+        "/readyz names no {cause:?}: {detail}"
+    );
+
+    let errors: Vec<String> = server
+        .log_text()
+        .lines()
+        .filter(|line| line.contains(r#""level":"ERROR""#))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        errors.len(),
+        1,
+        "one ERROR line, not one per request: {errors:#?}"
+    );
+    assert!(errors[0].contains(cause), "{}", errors[0]);
+
+    let checked = check(url);
+    let stderr = String::from_utf8_lossy(&checked.stderr);
+    assert!(!checked.status.success(), "check passed: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains(cause), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_that_does_not_exist_is_named() {
+    misconfiguration_is_named(&as_user("fencelock_no_such_role"), "fencelock_no_such_role").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_does_not_exist_is_named() {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let name = format!("fencelock_missing_{stamp}");
+    misconfiguration_is_named(&database(&name), "does not exist").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_of_another_application_is_named() {
+    let db = TestDb::new(StoreKind::Postgres).await;
+    db.execute("CREATE TABLE leases (id integer)").await;
+    misconfiguration_is_named(&db.url(), "already exists").await;
+}
+
+/// On a store that is ready, `fencelock check` says so on stdout and exits `0`; on one that
+/// was never migrated, or a SQLite file that does not exist, it fails with the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_passes_only_a_store_ready_to_serve() {
+    for kind in [StoreKind::Postgres, StoreKind::Sqlite] {
+        let db = TestDb::new(kind).await;
+        let unmigrated = check(&db.url());
+        assert!(
+            !unmigrated.status.success(),
+            "{kind:?}: an empty store passed"
+        );
+        let stderr = String::from_utf8_lossy(&unmigrated.stderr);
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let migrated = command(Some(&db.url()), dir.path())
+            .arg("migrate")
+            .output()
+            .unwrap();
+        assert!(migrated.status.success(), "{:?}", migrated);
+        let ready = check(&db.url());
+        let stdout = String::from_utf8_lossy(&ready.stdout);
+        assert!(
+            ready.status.success(),
+            "{kind:?}: {}",
+            String::from_utf8_lossy(&ready.stderr)
+        );
+        assert!(stdout.starts_with("fencelock check: ok:"), "{stdout}");
+        assert!(stdout.contains("schema version 2"), "{stdout}");
+    }
+}
