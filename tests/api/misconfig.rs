@@ -128,7 +128,7 @@ async fn check_passes_only_a_store_ready_to_serve() {
             .arg("migrate")
             .output()
             .unwrap();
-        assert!(migrated.status.success(), "{:?}", migrated);
+        assert!(migrated.status.success(), "{migrated:?}");
         let ready = check(&db.url());
         let stdout = String::from_utf8_lossy(&ready.stdout);
         assert!(
