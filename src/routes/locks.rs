@@ -147,7 +147,9 @@ pub async fn renew(
             "the lease on {} is held by another owner; this owner has lost it",
             request.resource
         ))),
-        RenewOutcome::StaleFence { current } => Err(stale_fence(&request.resource, current)),
+        RenewOutcome::StaleFence { current } => {
+            Err(stale_fence(&request.resource, request.fence, current))
+        }
     }
 }
 
@@ -172,7 +174,9 @@ pub async fn release(
             "the lease on {} is held by another owner",
             request.resource
         ))),
-        ReleaseOutcome::StaleFence { current } => Err(stale_fence(&request.resource, current)),
+        ReleaseOutcome::StaleFence { current } => {
+            Err(stale_fence(&request.resource, request.fence, current))
+        }
     }
 }
 
@@ -180,11 +184,19 @@ fn no_live_lease(resource: &ResourceName) -> ApiError {
     ApiError::NotFound(format!("there is no live lease on {resource}"))
 }
 
-fn stale_fence(resource: &ResourceName, current: Fence) -> ApiError {
+/// The owner's lease is live, but the fence it gave is not that lease's: a lower one belongs
+/// to an earlier lease of the same owner (superseded by a re-acquisition), a higher one was
+/// never issued for this lease at all.
+fn stale_fence(resource: &ResourceName, given: Option<Fence>, current: Fence) -> ApiError {
+    let why = match given {
+        Some(given) if given < current => {
+            format!("fence {given} belongs to an older lease on {resource}")
+        }
+        Some(given) => format!("fence {given} was not issued for the live lease on {resource}"),
+        None => format!("the fence given is not that of the live lease on {resource}"),
+    };
     ApiError::StaleFence {
-        detail: format!(
-            "the fence given is not the fence of the live lease on {resource}; it belongs to an older lease"
-        ),
+        detail: format!("{why}; the live lease has fence {current}"),
         current_fence: Some(current),
     }
 }

@@ -3,7 +3,9 @@
 
 use reqwest::Method;
 
-use crate::helpers::{StoreKind, TTL, TestApp, assert_problem};
+use serde_json::json;
+
+use crate::helpers::{StoreKind, TTL, TestApp, assert_problem, fence};
 
 /// `HEAD` is not served on any route: `405` with the route's `Allow` list.
 async fn head_is_not_allowed(kind: StoreKind) {
@@ -52,7 +54,40 @@ async fn internal_error_shows_no_internals(kind: StoreKind) {
     }
 }
 
-contract!(head_is_not_allowed, internal_error_shows_no_internals);
+/// A stale-fence answer says which way the fence is wrong: a lower one belongs to an older
+/// lease of the owner; a higher one was never issued for the live lease.
+async fn stale_fence_detail_tells_which_way(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let older = fence(&app.acquire_ok("job:1", "a", TTL).await);
+    let live = fence(&app.acquire_ok("job:1", "a", TTL).await);
+    let cases = [
+        (older, "belongs to an older lease"),
+        (live + 100, "was not issued"),
+    ];
+    for (given, says) in cases {
+        let renewed = app
+            .renew(
+                "job:1",
+                json!({ "owner": "a", "ttl_seconds": TTL, "fence": given }),
+            )
+            .await;
+        let released = app
+            .release("job:1", json!({ "owner": "a", "fence": given }))
+            .await;
+        for response in [renewed, released] {
+            let problem = assert_problem(response, 409, "stale-fence").await;
+            let detail = problem["detail"].as_str().unwrap();
+            assert!(detail.contains(says), "fence {given}: {detail}");
+            assert_eq!(problem["current_fence"], json!(live), "{problem}");
+        }
+    }
+}
+
+contract!(
+    head_is_not_allowed,
+    internal_error_shows_no_internals,
+    stale_fence_detail_tells_which_way
+);
 
 /// `/v1` serves the lock routes only: health, readiness and unknown paths under it are `404`,
 /// while a lease taken under `/v1` is the same lease as without it.

@@ -24,6 +24,7 @@ pub mod process;
 mod protocol;
 mod purge;
 mod read_only;
+mod readme;
 mod release;
 mod renew;
 mod restart;
