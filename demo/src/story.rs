@@ -7,6 +7,7 @@
 //! it, A silently overwrites B.
 
 use std::fmt::Display;
+use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -42,6 +43,15 @@ pub enum Verdict {
     /// Guard off here, but the store rejected the late write anyway (a running store with
     /// its own guard on).
     NoDamage,
+}
+
+/// Prints a line of the story. A reader that goes away (`| head -3`) ends the story: the
+/// error carries `io::ErrorKind::BrokenPipe`, which `main` treats as a normal end.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
 }
 
 /// Plays the story, printing its timeline, and says how it ended.
@@ -101,32 +111,32 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
         (Guarding::Off, false) => "guard OFF",
         (Guarding::Off, true) => "guard as configured on that store",
     };
-    println!("The paused-worker story");
-    println!("  lease server: {lease_url}");
-    println!("  demo store:   {store_url} ({guard_text})");
-    println!(
+    out!("The paused-worker story")?;
+    out!("  lease server: {lease_url}")?;
+    out!("  demo store:   {store_url} ({guard_text})")?;
+    out!(
         "  resource:     {resource} (lease TTL {}s)\n",
         options.ttl_seconds
-    );
+    )?;
 
     let a = locks.acquire(&resource, &owner_a, ttl).await?;
-    timeline.say("worker A", format!("acquires the lease: fence {}", a.fence));
+    timeline.say("worker A", format!("acquires the lease: fence {}", a.fence))?;
     let part_1 = report("worker A", "A's report, part 1");
     let first = store.write(&resource, a.fence, part_1).await?;
     timeline.say(
         "worker A",
         format!("writes part 1 with fence {} → {first}", a.fence),
-    );
+    )?;
     timeline.say(
         "worker A",
         "pauses (a long GC pause): it stops renewing and does not know it",
-    );
+    )?;
 
     wait_for_expiry(&locks, &resource, ttl).await?;
     timeline.say(
         "lease server",
         format!("A's lease on {resource} has expired"),
-    );
+    )?;
 
     let b = locks.acquire(&resource, &owner_b, ttl).await?;
     timeline.say(
@@ -135,38 +145,38 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
             "acquires the lease: fence {} (greater than A's {})",
             b.fence, a.fence
         ),
-    );
+    )?;
     let b_value = report("worker B", "B's complete report");
     let b_write = store.write(&resource, b.fence, b_value.clone()).await?;
     timeline.say(
         "worker B",
         format!("writes its report with fence {} → {b_write}", b.fence),
-    );
+    )?;
 
     timeline.say(
         "worker A",
         "wakes up, still believes it holds the lease, writes part 2",
-    );
+    )?;
     let part_2 = report("worker A", "A's report, part 2 (late)");
     let late = store.write(&resource, a.fence, part_2).await?;
     timeline.say(
         "demo store",
         format!("A's late write with fence {} → {late}", a.fence),
-    );
+    )?;
 
     locks.release(&resource, &owner_b, Some(b.fence)).await?;
-    timeline.say("worker B", "releases the lease");
+    timeline.say("worker B", "releases the lease")?;
 
     let doc = store.read(&resource).await?;
-    println!("\nFinal document:\n  {}", serde_json::to_string(&doc)?);
-    println!("Write log (oldest first):");
+    out!("\nFinal document:\n  {}", serde_json::to_string(&doc)?)?;
+    out!("Write log (oldest first):")?;
     for write in store.writes(&resource).await? {
-        println!(
+        out!(
             "  fence {:>4}  {:<8}  at {}",
             write["fence"],
             write["outcome"].as_str().unwrap_or("?"),
             write["at"].as_str().unwrap_or("?")
-        );
+        )?;
     }
 
     let b_stands = doc["value"] == b_value;
@@ -176,24 +186,28 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
         (Guarding::Off, true, false) => Verdict::DamageShown,
         (Guarding::Off, _, _) => Verdict::NoDamage,
     };
-    println!();
+    out!()?;
     match verdict {
-        Verdict::Protected => println!(
+        Verdict::Protected => out!(
             "OK: the late write from paused worker A (fence {}) was rejected; worker B's report (fence {}) stands.",
-            a.fence, b.fence
-        ),
-        Verdict::NotProtected => println!(
+            a.fence,
+            b.fence
+        )?,
+        Verdict::NotProtected => out!(
             "FAILED: the guard did not protect the document: late write applied = {}, B's report stands = {b_stands}.",
             late.applied
-        ),
-        Verdict::DamageShown => println!(
+        )?,
+        Verdict::DamageShown => out!(
             "THE DATA IS NOW WRONG: paused worker A (fence {}) overwrote worker B's report (fence {}) after losing its lease. \
              This is the damage the write guard prevents; run without --no-guard to see it rejected.",
-            a.fence, b.fence
-        ),
-        Verdict::NoDamage => println!(
-            "No damage this time: the store rejected the late write (its guard is on), so B's report stands."
-        ),
+            a.fence,
+            b.fence
+        )?,
+        Verdict::NoDamage => out!(
+            "No damage this time: the store at {store_url} rejected the late write because its own guard is on, \
+             so B's report stands. --no-guard switches off only the guard of a store this command starts itself; \
+             to see the damage against a running store, start that store with `fencelock-demo store --no-guard`."
+        )?,
     }
     Ok(verdict)
 }
@@ -233,9 +247,9 @@ impl Timeline {
         }
     }
 
-    fn say(&self, who: &str, what: impl Display) {
+    fn say(&self, who: &str, what: impl Display) -> std::io::Result<()> {
         let at = self.started.elapsed().as_secs_f64();
-        println!("  +{at:6.3}s  {who:<12}  {what}");
+        writeln!(std::io::stdout().lock(), "  +{at:6.3}s  {who:<12}  {what}")
     }
 }
 

@@ -48,6 +48,32 @@ fn unguarded_story_shows_the_overwrite() {
     assert!(!stdout.contains("REJECTED"), "{stdout}");
 }
 
+/// A reader that goes away after three lines (`| head -3`) ends the story quietly: no panic,
+/// no error.
+#[test]
+fn story_ends_quietly_when_its_reader_goes_away() {
+    use std::io::{BufRead as _, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fencelock-demo"))
+        .args(["paused-worker", "--ttl-seconds", "1"])
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the demo binary runs");
+    let stdout = child.stdout.take().unwrap();
+    let first: Vec<String> = BufReader::new(stdout)
+        .lines()
+        .take(3)
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(first[0], "The paused-worker story");
+    // The reader is dropped here: the next line the story writes meets a closed pipe.
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(output.status.success(), "{:?}: {stderr}", output.status);
+}
+
 /// `--lease-url`/`--store-url` point the story at running services.
 #[test]
 fn story_runs_against_running_services() {
@@ -93,6 +119,27 @@ fn story_runs_against_running_services() {
         "{stdout}"
     );
     assert!(stdout.contains("REJECTED (409 stale-fence"), "{stdout}");
+
+    // `--no-guard` cannot switch off a running store's own guard: the story says so in
+    // words, and a store that protected its data is no failure.
+    let unguarded = story(&[
+        "--ttl-seconds",
+        "1",
+        "--no-guard",
+        "--lease-url",
+        &lease_url,
+        "--store-url",
+        &store_url,
+    ]);
+    let stdout = String::from_utf8_lossy(&unguarded.stdout);
+    let stderr = String::from_utf8_lossy(&unguarded.stderr);
+    assert!(unguarded.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("No damage this time"), "{stdout}");
+    assert!(
+        stdout.contains("fencelock-demo store --no-guard"),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("NoDamage"), "{stderr}");
 
     actix_web::rt::System::new().block_on(async {
         lease_handle.stop(false).await;
