@@ -35,7 +35,9 @@ async fn run(
     interval: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut ticks = tokio::time::interval(interval);
+    // The first round comes one interval after start, not at once: a server that restarts
+    // often has no backlog worth purging before it serves, and nothing races a fresh start.
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
