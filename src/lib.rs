@@ -37,6 +37,8 @@ pub mod client;
 pub mod guard;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "http")]
+pub mod metrics;
 
 #[cfg(feature = "server")]
 pub mod config;
