@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fencelock::metrics::Registry;
 use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
 use fencelock_demo::docs::{self, Guarding};
@@ -41,12 +42,17 @@ impl TestStore {
         let (ready, built) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {
-                let docs = docs::open(Some(&url), guarding, settings)
+                let registry = Registry::new();
+                let docs = docs::open(Some(&url), guarding, settings, &registry)
                     .await
                     .expect("store opens");
-                let server =
-                    DemoServer::build("127.0.0.1:0".parse().unwrap(), docs, settings.timeout)
-                        .unwrap();
+                let server = DemoServer::build(
+                    "127.0.0.1:0".parse().unwrap(),
+                    docs,
+                    settings.timeout,
+                    registry,
+                )
+                .unwrap();
                 let _ = ready.send((server.port(), server.handle()));
                 let _ = server.run_until_stopped().await;
             });
