@@ -4,7 +4,7 @@
 //!
 //! An app that uses them gives its [`Registry`] and its [`HttpMetrics`] as app data:
 //!
-//! ```ignore
+//! ```text
 //! let registry = Registry::new();
 //! let http_metrics = web::Data::new(HttpMetrics::register(&registry));
 //! let registry = web::Data::new(registry);
