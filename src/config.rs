@@ -12,6 +12,10 @@
 //! | `--store-timeout-ms` | `FENCELOCK_STORE_TIMEOUT_MS` | `5000` |
 //! | `--request-timeout-ms` | `FENCELOCK_REQUEST_TIMEOUT_MS` | `10000` |
 //! | `--max-connections` | `FENCELOCK_MAX_CONNECTIONS` | the open-file limit less a reserve |
+//! | `--live-leases-interval-seconds` | `FENCELOCK_LIVE_LEASES_INTERVAL_SECONDS` | `10` (1 to 15) |
+//!
+//! `--live-leases-interval-seconds` is how often the live leases are counted for the
+//! `fencelock_live_leases` gauge of `GET /metrics`; at most 15, as API.md promises.
 //!
 //! Everything is parsed into typed values here, so a bad value stops start-up with one line
 //! that names the setting, before anything is opened.
@@ -30,6 +34,9 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
 pub const DEFAULT_PURGE_GRACE_SECONDS: u64 = 3600;
 pub const DEFAULT_PURGE_INTERVAL_SECONDS: u64 = 60;
 pub use crate::http::body::DEFAULT_REQUEST_TIMEOUT_MS;
+pub const DEFAULT_LIVE_LEASES_INTERVAL_SECONDS: u64 = 10;
+/// The contract samples live leases at least this often.
+pub const MAX_LIVE_LEASES_INTERVAL_SECONDS: u64 = 15;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -145,6 +152,16 @@ pub struct ServerArgs {
         global = true
     )]
     pub max_connections: Option<u64>,
+
+    /// How often live leases are counted for the `fencelock_live_leases` metric.
+    #[arg(
+        long,
+        env = "FENCELOCK_LIVE_LEASES_INTERVAL_SECONDS",
+        default_value_t = DEFAULT_LIVE_LEASES_INTERVAL_SECONDS,
+        value_parser = clap::value_parser!(u64).range(1..=MAX_LIVE_LEASES_INTERVAL_SECONDS),
+        global = true
+    )]
+    pub live_leases_interval_seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -187,6 +204,8 @@ pub struct Settings {
     pub request_timeout: Duration,
     /// `None`: derived from the open-file limit at start (see `startup`).
     pub max_connections: Option<u64>,
+    /// How often the `fencelock_live_leases` gauge is sampled.
+    pub live_leases_interval: Duration,
 }
 
 impl Settings {
@@ -211,6 +230,7 @@ impl Settings {
             store_timeout: Duration::from_millis(args.store_timeout_ms),
             request_timeout: Duration::from_millis(args.request_timeout_ms),
             max_connections: args.max_connections,
+            live_leases_interval: Duration::from_secs(args.live_leases_interval_seconds),
         })
     }
 
@@ -228,6 +248,7 @@ impl Settings {
             store_timeout: Duration::from_millis(DEFAULT_STORE_TIMEOUT_MS),
             request_timeout: Duration::from_millis(DEFAULT_REQUEST_TIMEOUT_MS),
             max_connections: None,
+            live_leases_interval: Duration::from_secs(DEFAULT_LIVE_LEASES_INTERVAL_SECONDS),
         }
     }
 }

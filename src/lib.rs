@@ -10,7 +10,11 @@
 //!    the PostgreSQL and SQLite stores. It knows nothing of HTTP.
 //! 3. [`http`]: the HTTP toolkit every fencelock service shares: the one error type and its
 //!    RFC 9457 rendering (a store failure is a `503` or a `500`), body reading, the request
-//!    middleware, `404`/`405` answers.
+//!    middleware, the HTTP metrics and `GET /metrics`, `404`/`405` answers.
+//!
+//! [`metrics`] stands beside them all: the name, help text and label values of every metric
+//! family, in one place, on [`domain`] alone; each app keeps its metrics in a registry of
+//! its own.
 //! 4. [`guard`] (on [`http`] and [`domain`]): the write guard for protected services
 //!    (`Fencing-Token`, the atomic fence check for PostgreSQL and SQLite).
 //! 5. [`routes`] (on all of the above): the lease server's handlers: parse, ask the store,
@@ -27,7 +31,8 @@
 //!   ["client"]` builds it without actix-web, SQLite or PostgreSQL.
 //! - `guard-postgres`, `guard-sqlite` (both in `server`): the write guard for a service whose
 //!   data lives in PostgreSQL or SQLite; either brings in `http`.
-//! - `http`: the HTTP toolkit alone.
+//! - `http`: the HTTP toolkit alone, with [`metrics`] (the `prometheus` crate). The
+//!   `client` feature builds without either.
 
 pub mod domain;
 
@@ -37,6 +42,8 @@ pub mod client;
 pub mod guard;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "http")]
+pub mod metrics;
 
 #[cfg(feature = "server")]
 pub mod config;

@@ -9,10 +9,15 @@ use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
 
 use crate::config::Settings;
+use crate::http::metrics::HttpMetrics;
 use crate::http::{self, body::RequestTimeout};
+use crate::metrics::{self, Registry, label};
+use crate::routes::metrics::LeaseMetrics;
 use crate::routes::{self, AppState};
+use crate::store::live::LiveLeases;
+use crate::store::metered::{Metered, StoreMetrics};
 use crate::store::purge::Purge;
-use crate::store::{self, SharedStore};
+use crate::store::{self, SharedStore, StoreConfig};
 
 /// How long in-flight requests may take to finish after a stop was asked for.
 const SHUTDOWN_TIMEOUT_SECONDS: u64 = 10;
@@ -67,6 +72,7 @@ pub struct Application {
     server: Server,
     store: SharedStore,
     purge: Purge,
+    live: LiveLeases,
 }
 
 impl Application {
@@ -80,7 +86,26 @@ impl Application {
     }
 
     /// Like [`Application::build`], with a store opened by the caller.
+    ///
+    /// The app's metrics live in a registry of its own (see [`crate::metrics`]).
     pub fn with_store(settings: Settings, store: SharedStore) -> anyhow::Result<Self> {
+        let registry = Registry::new();
+        let store_kind = match settings.store {
+            StoreConfig::Postgres(_) => label::store::POSTGRES,
+            StoreConfig::Sqlite(_) => label::store::SQLITE,
+        };
+        metrics::info(
+            &registry,
+            &metrics::BUILD_INFO,
+            &[env!("CARGO_PKG_VERSION"), store_kind],
+        );
+        let store_metrics = StoreMetrics::register(&registry);
+        let store = Metered::wrap(store, store_metrics.clone());
+        let live_leases = metrics::gauge(&registry, &metrics::LIVE_LEASES);
+        let lease_metrics = LeaseMetrics::register(&registry, store_metrics);
+        let http_metrics = web::Data::new(HttpMetrics::register(&registry));
+        let registry = web::Data::new(registry);
+
         let cap = connection_cap(settings.max_connections, settings.pool_size)?;
         let (workers, per_worker) = split_connections(cap);
         let listener = TcpListener::bind(settings.bind)
@@ -97,6 +122,7 @@ impl Application {
             store: store.clone(),
             max_ttl: settings.max_ttl,
             store_timeout: settings.store_timeout,
+            metrics: lease_metrics,
         });
         let request_timeout = settings.request_timeout;
         http::install_refusal_renderer();
@@ -104,9 +130,12 @@ impl Application {
             App::new()
                 .app_data(state.clone())
                 .app_data(RequestTimeout(request_timeout))
+                .app_data(registry.clone())
+                .app_data(http_metrics.clone())
                 .configure(routes::configure)
                 .default_service(web::to(http::not_found))
                 .wrap(from_fn(http::observe))
+                .wrap(from_fn(http::metrics::count))
         })
         // main owns the signals (see `shutdown`), so tests can stop a server through its handle
         // without signalling the whole process.
@@ -127,11 +156,13 @@ impl Application {
         .run();
 
         let purge = Purge::start(store.clone(), settings.purge_grace, settings.purge_interval);
+        let live = LiveLeases::start(store.clone(), live_leases, settings.live_leases_interval);
         Ok(Self {
             port,
             server,
             store,
             purge,
+            live,
         })
     }
 
@@ -148,10 +179,12 @@ impl Application {
         self.store.clone()
     }
 
-    /// Serves until the server is stopped through its handle, then stops the purge task.
+    /// Serves until the server is stopped through its handle, then stops the purge and the
+    /// live-lease count.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let served = self.server.await;
         self.purge.stop().await;
+        self.live.stop().await;
         tracing::info!("fencelock stopped");
         served.context("serving HTTP")
     }

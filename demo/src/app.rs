@@ -3,6 +3,8 @@
 //! - `PUT /docs/{key}` with `Fencing-Token` and any JSON body: `200 {"key", "value", "fence"}`
 //!   when applied, `409 stale-fence` with `current_fence` when a greater fence wrote first.
 //! - `GET /docs/{key}`: `200 {"key", "value", "fence", "updated_at"}` or `404`.
+//! - `GET /metrics`: the Prometheus text format, with the guard's
+//!   `fencelock_guard_writes_total{outcome="admitted"|"stale"}` and the HTTP families.
 //! - `GET /docs/{key}/writes?limit=N&after=ID`: one page of the key's write log, oldest
 //!   first: `200 {"writes": [{"id", "fence", "outcome", "at"}, ...], "next": ID | null}`.
 //!   Every attempt is there, `outcome` `"applied"` or `"rejected"`. `limit` is 1-1000
@@ -25,7 +27,9 @@ use chrono::SecondsFormat;
 use fencelock::domain::ResourceName;
 use fencelock::guard::{self, FencingToken};
 use fencelock::http::body::read_json;
+use fencelock::http::metrics::HttpMetrics;
 use fencelock::http::{self, ApiError, FieldError};
+use fencelock::metrics::Registry;
 use fencelock::store::StoreError;
 use serde_json::json;
 
@@ -62,11 +66,13 @@ impl Docs {
 
 impl DemoServer {
     /// Binds `bind` and builds the app; `store_timeout` bounds every store call of every
-    /// request (see [`crate::docs::StoreOptions`]).
+    /// request (see [`crate::docs::StoreOptions`]). `GET /metrics` serves `registry`, the one
+    /// the documents' guard counts in (see [`crate::docs::open`]).
     pub fn build(
         bind: SocketAddr,
         docs: SharedDocs,
         store_timeout: Duration,
+        registry: Registry,
     ) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(bind).with_context(|| format!("binding {bind}"))?;
         let port = listener.local_addr()?.port();
@@ -74,10 +80,14 @@ impl DemoServer {
             store: docs,
             timeout: store_timeout,
         });
+        let http_metrics = web::Data::new(HttpMetrics::register(&registry));
+        let registry = web::Data::new(registry);
         http::install_refusal_renderer();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(docs.clone())
+                .app_data(registry.clone())
+                .app_data(http_metrics.clone())
                 .service(
                     http::resource("/docs/{key}", "GET, PUT")
                         .route(web::put().to(put_doc))
@@ -86,8 +96,12 @@ impl DemoServer {
                 .service(
                     http::resource("/docs/{key}/writes", "GET").route(web::get().to(list_writes)),
                 )
+                .service(
+                    http::resource("/metrics", "GET").route(web::get().to(http::metrics::expose)),
+                )
                 .default_service(web::to(http::not_found))
                 .wrap(from_fn(http::observe))
+                .wrap(from_fn(http::metrics::count))
         })
         .disable_signals()
         .listen(listener)?

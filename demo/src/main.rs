@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use fencelock::config::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
+use fencelock::metrics::Registry;
 use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
 use fencelock_demo::docs::{self, Guarding};
@@ -162,8 +163,9 @@ async fn serve(
     guarding: Guarding,
     settings: StoreOptions,
 ) -> anyhow::Result<()> {
-    let docs = docs::open(url, guarding, settings).await?;
-    let server = DemoServer::build(bind, docs, settings.timeout)?;
+    let registry = Registry::new();
+    let docs = docs::open(url, guarding, settings, &registry).await?;
+    let server = DemoServer::build(bind, docs, settings.timeout, registry)?;
     tracing::info!(port = server.port(), ?guarding, "demo store serving");
     let handle = server.handle();
     actix_web::rt::spawn(async move {

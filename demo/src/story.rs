@@ -14,6 +14,7 @@ use anyhow::{Context as _, bail};
 use fencelock::client::Client;
 use fencelock::config::Settings;
 use fencelock::guard::FENCING_TOKEN;
+use fencelock::metrics::Registry;
 use fencelock::startup::Application;
 use fencelock::store::StoreConfig;
 use serde_json::{Value, json};
@@ -77,10 +78,12 @@ pub async fn run(options: StoryOptions) -> anyhow::Result<Verdict> {
         None => {
             let db = format!("sqlite://{}", scratch.path().join("docs.db").display());
             let settings = StoreOptions::default();
+            let registry = Registry::new();
             let server = DemoServer::build(
                 "127.0.0.1:0".parse()?,
-                docs::open(Some(&db), options.guarding, settings).await?,
+                docs::open(Some(&db), options.guarding, settings, &registry).await?,
                 settings.timeout,
+                registry,
             )?;
             let url = format!("http://127.0.0.1:{}", server.port());
             stops.push(server.handle());

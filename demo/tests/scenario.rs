@@ -3,6 +3,7 @@
 use std::process::{Command, Output};
 
 use fencelock::config::Settings;
+use fencelock::metrics::Registry;
 use fencelock::startup::Application;
 use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
@@ -86,11 +87,17 @@ fn story_runs_against_running_services() {
             settings.bind = "127.0.0.1:0".parse().unwrap();
             let lease_server = Application::build(settings).await.unwrap();
             let settings = StoreOptions::default();
-            let docs = docs::open(Some(&docs_url), Guarding::On, settings)
+            let registry = Registry::new();
+            let docs = docs::open(Some(&docs_url), Guarding::On, settings, &registry)
                 .await
                 .unwrap();
-            let store =
-                DemoServer::build("127.0.0.1:0".parse().unwrap(), docs, settings.timeout).unwrap();
+            let store = DemoServer::build(
+                "127.0.0.1:0".parse().unwrap(),
+                docs,
+                settings.timeout,
+                registry,
+            )
+            .unwrap();
             ready
                 .send((
                     format!("http://127.0.0.1:{}", lease_server.port()),

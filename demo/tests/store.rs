@@ -4,12 +4,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fencelock::metrics::Registry;
 use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
 use fencelock_demo::docs::{self, Guarding};
 use fencelock_testkit::{
-    Proxy, RawResponse, StoreKind, TestDb, assert_raw_problem, contract_stores, postgres_addr,
-    raw_exchange,
+    Exposition, Proxy, RawResponse, StoreKind, TestDb, assert_raw_problem, contract_stores,
+    postgres_addr, raw_exchange,
 };
 use serde_json::{Value, json};
 
@@ -41,12 +42,17 @@ impl TestStore {
         let (ready, built) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {
-                let docs = docs::open(Some(&url), guarding, settings)
+                let registry = Registry::new();
+                let docs = docs::open(Some(&url), guarding, settings, &registry)
                     .await
                     .expect("store opens");
-                let server =
-                    DemoServer::build("127.0.0.1:0".parse().unwrap(), docs, settings.timeout)
-                        .unwrap();
+                let server = DemoServer::build(
+                    "127.0.0.1:0".parse().unwrap(),
+                    docs,
+                    settings.timeout,
+                    registry,
+                )
+                .unwrap();
                 let _ = ready.send((server.port(), server.handle()));
                 let _ = server.run_until_stopped().await;
             });
@@ -209,6 +215,42 @@ async fn guard_orders_writes_by_fence(kind: StoreKind) {
         ]
     );
     assert!(writes.iter().all(|w| w["at"].is_string()));
+}
+
+/// The guard counts its decisions, and the store serves them at `GET /metrics`; a write the
+/// guard never saw (no `Fencing-Token`) is not counted.
+async fn guard_decisions_are_counted_in_metrics(kind: StoreKind) {
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    store.put_applied("doc:1", "5", &json!("fresh")).await;
+    let stale = store.put("doc:1", Some("3"), &json!("late")).await;
+    problem(stale, 409, "stale-fence").await;
+    let unfenced = store.put("doc:1", None, &json!("no token")).await;
+    assert_eq!(unfenced.status(), 428);
+
+    let response = store.get("/metrics").await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"],
+        fencelock_testkit::TEXT_FORMAT
+    );
+    let text = response.text().await.unwrap();
+    let metrics = Exposition::parse(&text);
+    let writes = |outcome| metrics.value("fencelock_guard_writes_total", &[("outcome", outcome)]);
+    assert_eq!(writes("admitted"), 1.0, "{text}");
+    assert_eq!(writes("stale"), 1.0, "{text}");
+    assert_eq!(metrics.family("fencelock_guard_writes_total").len(), 2);
+    assert_eq!(
+        metrics.value(
+            "fencelock_http_requests_total",
+            &[
+                ("route", "/docs/{key}"),
+                ("method", "PUT"),
+                ("status", "409")
+            ]
+        ),
+        1.0
+    );
+    assert!(!text.contains("doc:1"), "{text}");
 }
 
 /// Keys are independent: a high fence on one key does not block another.
@@ -487,6 +529,7 @@ contract_stores!(
     bad_page_parameters_are_422,
     guard_orders_writes_by_fence,
     keys_are_guarded_separately,
+    guard_decisions_are_counted_in_metrics,
     fencing_token_is_required_and_checked,
     any_json_value_is_stored,
     concurrent_writers_leave_the_highest_fence,

@@ -49,7 +49,7 @@ pub struct ReleaseRequest {
     pub fence: Option<Fence>,
 }
 
-/// How a successful acquisition came about. Only names the lease event (logs, later metrics);
+/// How a successful acquisition came about. Only names the lease event (logs, metrics);
 /// the decision itself never depends on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Acquisition {
@@ -88,15 +88,17 @@ pub enum RenewOutcome {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReleaseOutcome {
+    /// The lease is gone. Both times are on the store's clock, read in the same step that
+    /// deleted it.
     Released {
         fence: Fence,
+        acquired_at: DateTime<Utc>,
+        released_at: DateTime<Utc>,
     },
     /// No live lease (no row, or an expired one).
     NotFound,
     /// A live lease of another owner.
     NotOwner,
     /// The owner matches but the given fence is not the lease's.
-    StaleFence {
-        current: Fence,
-    },
+    StaleFence { current: Fence },
 }

@@ -12,6 +12,11 @@
 //!
 //! Because the check holds the key's guard row locked until the transaction ends, no write
 //! with a lower fence can slip in between the check and the commit.
+//!
+//! `admit` counts each decision in the [`GuardMetrics`] it is given
+//! (`fencelock_guard_writes_total{outcome="admitted"|"stale"}`), so every service that uses
+//! the guard exposes how many late writes it refused; serve them with
+//! [`crate::http::metrics::expose`].
 
 #[cfg(feature = "guard-postgres")]
 pub mod postgres;
@@ -26,6 +31,7 @@ use actix_web::{FromRequest, HttpRequest};
 
 use crate::domain::Fence;
 use crate::http::ApiError;
+use crate::metrics::{self, Registry, label};
 
 /// The header a writer sends its fence in.
 pub const FENCING_TOKEN: &str = "Fencing-Token";
@@ -37,6 +43,32 @@ pub enum Admission {
     Admitted,
     /// A greater fence has written already: the writer's lease has passed. Write nothing.
     Stale { current: Fence },
+}
+
+/// What the guard counts, in the registry of the service that uses it.
+#[derive(Clone)]
+pub struct GuardMetrics {
+    writes: prometheus::IntCounterVec,
+}
+
+impl GuardMetrics {
+    pub fn register(registry: &Registry) -> Self {
+        let writes = metrics::counter(registry, &metrics::GUARD_WRITES);
+        for outcome in [label::outcome::ADMITTED, label::outcome::STALE] {
+            writes.with_label_values(&[outcome]);
+        }
+        Self { writes }
+    }
+
+    /// Counts one decision of `admit`.
+    fn decided(&self, admission: Admission) -> Admission {
+        let outcome = match admission {
+            Admission::Admitted => label::outcome::ADMITTED,
+            Admission::Stale { .. } => label::outcome::STALE,
+        };
+        self.writes.with_label_values(&[outcome]).inc();
+        admission
+    }
 }
 
 /// The `409 stale-fence` problem for a write to `key` refused by the guard.

@@ -10,15 +10,16 @@
 //!
 //! ```no_run
 //! # use fencelock::domain::Fence;
-//! # use fencelock::guard::{self, Admission};
+//! # use fencelock::guard::{self, Admission, GuardMetrics};
 //! async fn write(
 //!     client: &mut tokio_postgres::Client,
+//!     metrics: &GuardMetrics,
 //!     key: &str,
 //!     fence: Fence,
 //!     body: &str,
 //! ) -> Result<Admission, tokio_postgres::Error> {
 //!     let tx = client.transaction().await?;
-//!     let admission = guard::postgres::admit(&tx, key, fence).await?;
+//!     let admission = guard::postgres::admit(&tx, key, fence, metrics).await?;
 //!     if let Admission::Stale { .. } = admission {
 //!         return Ok(admission); // dropping tx rolls back: nothing was written
 //!     }
@@ -31,7 +32,7 @@
 
 use tokio_postgres::Transaction;
 
-use super::Admission;
+use super::{Admission, GuardMetrics};
 use crate::domain::Fence;
 
 /// The guard's table; idempotent, for a service's own migrations or start-up.
@@ -56,18 +57,20 @@ const CURRENT: &str = "SELECT fence FROM fence_guard WHERE key = $1";
 /// Admits a write with `fence` to `key`, or reports the greater fence already accepted.
 ///
 /// It takes the transaction that performs the write: call it before the write, and write
-/// only when admitted. The key's guard row stays locked until that transaction ends.
+/// only when admitted. The key's guard row stays locked until that transaction ends. The
+/// decision is counted in `metrics`.
 pub async fn admit(
     tx: &Transaction<'_>,
     key: &str,
     fence: Fence,
+    metrics: &GuardMetrics,
 ) -> Result<Admission, tokio_postgres::Error> {
     if tx.query_opt(ADMIT, &[&key, &fence.get()]).await?.is_some() {
-        return Ok(Admission::Admitted);
+        return Ok(metrics.decided(Admission::Admitted));
     }
     let current: i64 = tx.query_one(CURRENT, &[&key]).await?.get(0);
-    Ok(Admission::Stale {
+    Ok(metrics.decided(Admission::Stale {
         // The stored fence was admitted once, so it is a valid fence.
         current: Fence::new(current).unwrap_or(fence),
-    })
+    }))
 }

@@ -10,17 +10,18 @@
 //!
 //! ```no_run
 //! # use fencelock::domain::Fence;
-//! # use fencelock::guard::{self, Admission};
+//! # use fencelock::guard::{self, Admission, GuardMetrics};
 //! use rusqlite::TransactionBehavior;
 //!
 //! fn write(
 //!     conn: &mut rusqlite::Connection,
+//!     metrics: &GuardMetrics,
 //!     key: &str,
 //!     fence: Fence,
 //!     body: &str,
 //! ) -> rusqlite::Result<Admission> {
 //!     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-//!     let admission = guard::sqlite::admit(&tx, key, fence)?;
+//!     let admission = guard::sqlite::admit(&tx, key, fence, metrics)?;
 //!     if let Admission::Stale { .. } = admission {
 //!         return Ok(admission); // dropping tx rolls back: nothing was written
 //!     }
@@ -32,7 +33,7 @@
 
 use rusqlite::{OptionalExtension, Transaction, params};
 
-use super::Admission;
+use super::{Admission, GuardMetrics};
 use crate::domain::Fence;
 
 /// The guard's table; idempotent, for a service's own migrations or start-up.
@@ -53,21 +54,26 @@ RETURNING fence";
 ///
 /// It takes the transaction that performs the write (best begun `IMMEDIATE`, so that
 /// SQLite's write lock is held from the check to the commit): call it before the write, and
-/// write only when admitted.
-pub fn admit(tx: &Transaction<'_>, key: &str, fence: Fence) -> rusqlite::Result<Admission> {
+/// write only when admitted. The decision is counted in `metrics`.
+pub fn admit(
+    tx: &Transaction<'_>,
+    key: &str,
+    fence: Fence,
+    metrics: &GuardMetrics,
+) -> rusqlite::Result<Admission> {
     let now = chrono::Utc::now().timestamp_millis();
     let admitted = tx
         .prepare_cached(ADMIT)?
         .query_row(params![key, fence.get(), now], |r| r.get::<_, i64>(0))
         .optional()?;
     if admitted.is_some() {
-        return Ok(Admission::Admitted);
+        return Ok(metrics.decided(Admission::Admitted));
     }
     let current: i64 =
         tx.query_row("SELECT fence FROM fence_guard WHERE key = ?1", [key], |r| {
             r.get(0)
         })?;
-    Ok(Admission::Stale {
+    Ok(metrics.decided(Admission::Stale {
         current: Fence::new(current).unwrap_or(fence),
-    })
+    }))
 }

@@ -8,10 +8,13 @@
 //! - [`middleware`]: [`observe`], which every app wraps around its routes: it writes each
 //!   problem document (with its `instance`) and logs each request; and the renderer for
 //!   requests the HTTP parser refuses.
+//! - [`metrics`]: [`metrics::count`], the middleware that counts and times every answer
+//!   by route pattern, and [`metrics::expose`], the `GET /metrics` handler.
 //! - [`resource`], [`not_found`] and [`not_allowed`]: the answers for wrong methods and
 //!   unknown paths.
 
 pub mod body;
+pub mod metrics;
 pub mod middleware;
 pub mod problem;
 

@@ -69,7 +69,9 @@ pub async fn acquire(
 
     let outcome = state
         .write(|deadline| state.store.acquire(&request, deadline))
-        .await?;
+        .await;
+    state.metrics.acquire(outcome.as_ref());
+    let outcome = outcome?;
     let body = match &outcome {
         AcquireOutcome::Acquired { lease, how } => {
             let event = match how {
@@ -120,10 +122,11 @@ pub async fn renew(
 ) -> Result<HttpResponse, ApiError> {
     let request = parse::renew(&path, body, state.max_ttl)?;
 
-    match state
+    let outcome = state
         .write(|deadline| state.store.renew(&request, deadline))
-        .await?
-    {
+        .await;
+    state.metrics.renew(outcome.as_ref());
+    match outcome? {
         RenewOutcome::Renewed(lease) => {
             tracing::info!(
                 lease.resource = %lease.resource,
@@ -161,11 +164,12 @@ pub async fn release(
 ) -> Result<HttpResponse, ApiError> {
     let request = parse::release(&path, body)?;
 
-    match state
+    let outcome = state
         .write(|deadline| state.store.release(&request, deadline))
-        .await?
-    {
-        ReleaseOutcome::Released { fence } => {
+        .await;
+    state.metrics.release(outcome.as_ref());
+    match outcome? {
+        ReleaseOutcome::Released { fence, .. } => {
             tracing::info!(lease.resource = %request.resource, lease.fence = fence.get(), "lease released");
             Ok(HttpResponse::NoContent().finish())
         }

@@ -3,6 +3,7 @@
 
 mod health;
 mod locks;
+pub mod metrics;
 mod parse;
 
 use std::time::Duration;
@@ -10,7 +11,8 @@ use std::time::Duration;
 use actix_web::web;
 
 use crate::domain::Ttl;
-use crate::http::{ApiError, resource};
+use crate::http::{self, ApiError, resource};
+use crate::store::metered::StoreMetrics;
 use crate::store::{self, Deadline, SharedStore, StoreError};
 
 /// How much longer than a write's deadline its request waits for the store's answer. The
@@ -26,6 +28,7 @@ pub struct AppState {
     pub max_ttl: Ttl,
     /// Longest a request waits on the store; past it the answer is `503`, never a hang.
     pub store_timeout: Duration,
+    pub metrics: metrics::LeaseMetrics,
 }
 
 impl AppState {
@@ -34,7 +37,7 @@ impl AppState {
         &self,
         operation: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, ApiError> {
-        bounded(self.store_timeout, operation).await
+        bounded(self.store_timeout, &self.metrics.store, operation).await
     }
 
     /// Runs a store write that must not take effect after `store_timeout` (see [`Deadline`]).
@@ -43,12 +46,19 @@ impl AppState {
         F: Future<Output = Result<T, StoreError>>,
     {
         let deadline = Deadline::after(self.store_timeout);
-        bounded(self.store_timeout + ANSWER_GRACE, operation(deadline)).await
+        bounded(
+            self.store_timeout + ANSWER_GRACE,
+            &self.metrics.store,
+            operation(deadline),
+        )
+        .await
     }
 }
 
+/// Awaits `operation` for at most `limit`; giving up is counted as a store timeout.
 async fn bounded<T>(
     limit: Duration,
+    metrics: &StoreMetrics,
     operation: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, ApiError> {
     match tokio::time::timeout(limit, operation).await {
@@ -67,18 +77,23 @@ async fn bounded<T>(
             Err(ApiError::StoreUnavailable(cause))
         }
         Ok(result) => result.map_err(ApiError::from),
-        Err(_) => Err(ApiError::StoreUnavailable(anyhow::anyhow!(
-            "the store did not answer within {limit:?}"
-        ))),
+        Err(_) => {
+            metrics.timed_out();
+            Err(ApiError::StoreUnavailable(anyhow::anyhow!(
+                "the store did not answer within {limit:?}"
+            )))
+        }
     }
 }
 
-/// Registers every route: health and readiness, and the lock routes both as `/locks...` and
-/// as `/v1/locks...`. Each path answers other methods with `405` and an `Allow` header;
+/// Registers every route: health and readiness, the metrics (`/metrics`, unprefixed only),
+/// and the lock routes both as `/locks...` and as `/v1/locks...`. Each path answers other
+/// methods with `405` and an `Allow` header;
 /// unknown paths get a `404` problem from the app's default service.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(resource("/healthz", "GET").route(web::get().to(health::healthz)))
         .service(resource("/readyz", "GET").route(web::get().to(health::readyz)))
+        .service(resource("/metrics", "GET").route(web::get().to(http::metrics::expose)))
         .configure(lock_routes)
         // The same contract under a version prefix; the unprefixed paths stay.
         .service(web::scope("/v1").configure(lock_routes));

@@ -4,8 +4,13 @@
 //!   database; the database clock (`now()`) decides expiry; fences come from a sequence.
 //! - [`sqlite::SqliteStore`], the embedded default: one file, a fence counter row, and the
 //!   server process's clock.
+//!
+//! Around either: [`metered::Metered`] times every operation and counts its failures, and
+//! two chores run beside the server, [`purge::Purge`] and [`live::LiveLeases`].
 
 mod config;
+pub mod live;
+pub mod metered;
 pub mod postgres;
 pub mod purge;
 pub mod sqlite;
@@ -151,6 +156,10 @@ pub trait LeaseStore: Send + Sync + 'static {
             }
         }
     }
+
+    /// How many live leases the store holds: a range scan of the expiry index, for the
+    /// `fencelock_live_leases` gauge.
+    async fn count_live(&self) -> Result<u64, StoreError>;
 
     /// Succeeds when the store accepts a durable write (readiness): a store that can be read
     /// but not written is not ready to hand out leases.

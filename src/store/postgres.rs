@@ -458,10 +458,13 @@ WITH current AS (
     WHERE l.resource = c.resource AND c.live AND c.owner = $2
       AND ($3::bigint IS NULL OR c.fence = $3)
       AND fencelock_in_time($4)
-    RETURNING l.fence
+    RETURNING l.acquired_at
 )
-SELECT c.live, c.owner = $2, c.fence, EXISTS (SELECT 1 FROM released), now()
-FROM current c";
+SELECT c.live, c.owner = $2, c.fence, r.acquired_at, now()
+FROM current c LEFT JOIN released r ON true";
+
+/// Served by the expiry index (`leases_expires_at_idx`): a range scan over live leases only.
+const COUNT_LIVE: &str = "SELECT count(*) FROM leases WHERE expires_at > now()";
 
 /// Readiness writes this row: what cannot be written here cannot take a lease either.
 const PROBE: &str = "
@@ -584,13 +587,18 @@ impl LeaseStore for PgStore {
         let Some(row) = self.write_opt(RELEASE, &params, deadline, 4).await? else {
             return Ok(ReleaseOutcome::NotFound);
         };
-        let (live, owner_matches, current, released): (bool, bool, _, bool) =
-            (row.get(0), row.get(1), fence(&row, 2)?, row.get(3));
-        Ok(match () {
-            () if released => ReleaseOutcome::Released { fence: current },
-            () if !live => ReleaseOutcome::NotFound,
-            () if !owner_matches => ReleaseOutcome::NotOwner,
-            () => ReleaseOutcome::StaleFence { current },
+        let (live, owner_matches, current): (bool, bool, _) =
+            (row.get(0), row.get(1), fence(&row, 2)?);
+        let released: Option<DateTime<Utc>> = row.get(3);
+        Ok(match released {
+            Some(acquired_at) => ReleaseOutcome::Released {
+                fence: current,
+                acquired_at,
+                released_at: row.get(4),
+            },
+            None if !live => ReleaseOutcome::NotFound,
+            None if !owner_matches => ReleaseOutcome::NotOwner,
+            None => ReleaseOutcome::StaleFence { current },
         })
     }
 
@@ -603,6 +611,12 @@ impl LeaseStore for PgStore {
             .execute(&statement, &[&grace_ms, &limit])
             .await
             .map_err(classify)
+    }
+
+    async fn count_live(&self) -> Result<u64, StoreError> {
+        let row = self.query_opt(COUNT_LIVE, &[]).await?;
+        let count: i64 = row.map_or(0, |row| row.get(0));
+        Ok(u64::try_from(count).unwrap_or(0))
     }
 
     /// A real write (the probe row), committed like a lease change: a standby, a

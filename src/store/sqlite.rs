@@ -484,7 +484,11 @@ fn release(conn: &Connection, req: &ReleaseRequest) -> Result<ReleaseOutcome, St
     conn.prepare_cached("DELETE FROM leases WHERE resource = ?1")
         .and_then(|mut s| s.execute([req.resource.as_str()]))
         .map_err(classify)?;
-    Ok(ReleaseOutcome::Released { fence: row.fence })
+    Ok(ReleaseOutcome::Released {
+        fence: row.fence,
+        acquired_at: timestamp(row.acquired_at)?,
+        released_at: timestamp(now)?,
+    })
 }
 
 fn purge_batch(conn: &Connection, grace: Duration, limit: u64) -> Result<u64, StoreError> {
@@ -497,6 +501,14 @@ fn purge_batch(conn: &Connection, grace: Duration, limit: u64) -> Result<u64, St
     .and_then(|mut s| s.execute(params![cutoff, i64::try_from(limit).unwrap_or(i64::MAX)]))
     .map(|n| n as u64)
     .map_err(classify)
+}
+
+/// Served by the expiry index (`leases_expires_at_idx`), which covers the query.
+fn count_live(conn: &Connection) -> Result<u64, StoreError> {
+    conn.prepare_cached("SELECT count(*) FROM leases WHERE expires_at > ?1")
+        .and_then(|mut s| s.query_row([now_ms()], |r| r.get::<_, i64>(0)))
+        .map(|n| u64::try_from(n).unwrap_or(0))
+        .map_err(classify)
 }
 
 #[async_trait]
@@ -539,6 +551,10 @@ impl LeaseStore for SqliteStore {
     async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError> {
         self.call(None, move |conn| purge_batch(conn, grace, limit))
             .await
+    }
+
+    async fn count_live(&self) -> Result<u64, StoreError> {
+        self.call(None, count_live).await
     }
 
     /// A real write, committed like any lease change: a read-only file or file system, or a

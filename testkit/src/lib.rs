@@ -23,13 +23,17 @@
 //!   that can freeze (a network partition: bytes stop, nothing is reset), thaw and cut.
 //! - `raw`: [`raw_exchange`] sends bytes no HTTP client would and parses the answer
 //!   ([`RawResponse`], [`assert_raw_problem`]).
+//! - `exposition`: [`Exposition`], a `GET /metrics` answer parsed into samples, looked up by
+//!   name and labels; [`TestApp::metrics`] fetches one.
 //! - [`closed_port`]: a local port nothing listens on, for "unreachable" tests.
 
+mod exposition;
 mod proxy;
 mod raw;
 mod server;
 mod storage;
 
+pub use exposition::{Exposition, Sample, TEXT_FORMAT};
 pub use proxy::Proxy;
 pub use raw::{RawResponse, assert_raw_problem, parse_raw, raw_exchange};
 pub use server::{

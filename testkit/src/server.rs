@@ -162,6 +162,20 @@ impl TestApp {
             .await
     }
 
+    /// `GET /metrics`, checked to be the Prometheus text format, parsed.
+    pub async fn metrics(&self) -> crate::Exposition {
+        let response = self.get("/metrics").await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        assert_eq!(content_type, crate::TEXT_FORMAT);
+        crate::Exposition::parse(&response.text().await.expect("metrics text"))
+    }
+
     /// The live lease's fence as GET reports it.
     pub async fn fence_of(&self, resource: &str) -> i64 {
         let response = self.inspect(resource).await;

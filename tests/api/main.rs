@@ -18,6 +18,7 @@ mod health;
 mod input;
 mod inspect;
 mod late_work;
+mod metrics;
 mod misconfig;
 mod outage;
 pub mod process;

@@ -13,7 +13,7 @@ use crate::helpers::{RowLock, StoreKind, TTL, TestDb, client};
 
 /// Every setting: its flag and its environment variable, as `--help` must name them. Both
 /// are cleared for the tests' processes, so that a developer's shell cannot leak into them.
-const SETTINGS: [(&str, &str); 10] = [
+const SETTINGS: [(&str, &str); 11] = [
     ("--bind", "FENCELOCK_BIND"),
     ("--database-url", "DATABASE_URL"),
     ("--max-ttl-seconds", "FENCELOCK_MAX_TTL_SECONDS"),
@@ -27,6 +27,10 @@ const SETTINGS: [(&str, &str); 10] = [
     ("--store-timeout-ms", "FENCELOCK_STORE_TIMEOUT_MS"),
     ("--request-timeout-ms", "FENCELOCK_REQUEST_TIMEOUT_MS"),
     ("--max-connections", "FENCELOCK_MAX_CONNECTIONS"),
+    (
+        "--live-leases-interval-seconds",
+        "FENCELOCK_LIVE_LEASES_INTERVAL_SECONDS",
+    ),
 ];
 
 pub fn command(database_url: Option<&str>, cwd: &Path) -> Command {

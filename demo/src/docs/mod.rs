@@ -12,6 +12,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock::domain::{Fence, ResourceName};
+use fencelock::guard::GuardMetrics;
+use fencelock::metrics::Registry;
 use fencelock::store::StoreError;
 use fencelock::store::{StoreConfig, StoreOptions};
 use serde::Serialize;
@@ -192,23 +194,29 @@ pub type SharedDocs = Arc<dyn DocStore>;
 /// `503 store-unavailable` until the database answers, and creates its tables on first
 /// contact. A SQLite file that cannot be opened is fatal, since nothing would change by
 /// waiting.
+///
+/// The guard counts its decisions in `registry`, the registry the store's `GET /metrics`
+/// serves (see [`crate::app::DemoServer::build`]).
 pub async fn open(
     url: Option<&str>,
     guarding: Guarding,
     settings: StoreOptions,
+    registry: &Registry,
 ) -> anyhow::Result<SharedDocs> {
+    let guard = GuardMetrics::register(registry);
     let config = match url.map(str::trim).filter(|u| !u.is_empty()) {
         None => StoreConfig::Sqlite(PathBuf::from(DEFAULT_SQLITE_FILE)),
         Some(url) => StoreConfig::parse(url)?,
     };
     Ok(match config {
         StoreConfig::Postgres(pg) => {
-            Arc::new(postgres::PgDocs::open(&pg, guarding, settings).await?)
+            Arc::new(postgres::PgDocs::open(&pg, guarding, settings, guard).await?)
         }
         StoreConfig::Sqlite(path) => {
-            let docs =
-                tokio::task::spawn_blocking(move || sqlite::SqliteDocs::open(&path, guarding))
-                    .await??;
+            let docs = tokio::task::spawn_blocking(move || {
+                sqlite::SqliteDocs::open(&path, guarding, guard)
+            })
+            .await??;
             Arc::new(docs)
         }
     })

@@ -2,7 +2,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use fencelock::domain::ResourceName;
-use fencelock::guard::{self, Admission};
+use fencelock::guard::{self, Admission, GuardMetrics};
 use fencelock::store::postgres::{PgConfig, classify, classify_pool};
 use fencelock::store::{StoreError, StoreOptions};
 use tokio::sync::OnceCell;
@@ -31,6 +31,7 @@ CREATE INDEX IF NOT EXISTS doc_writes_key_id_idx ON doc_writes (key, id);";
 pub struct PgDocs {
     pool: Pool,
     guarding: Guarding,
+    guard: GuardMetrics,
     /// Set once the tables exist; until then every operation tries to create them first, so
     /// a store started before its database comes up heals by itself.
     schema: OnceCell<()>,
@@ -43,11 +44,13 @@ impl PgDocs {
         config: &PgConfig,
         guarding: Guarding,
         settings: StoreOptions,
+        guard: GuardMetrics,
     ) -> anyhow::Result<Self> {
         let pool = fencelock::store::postgres::pool(config, settings.pool_size, settings.timeout)?;
         let docs = Self {
             pool,
             guarding,
+            guard,
             schema: OnceCell::new(),
         };
         let first_contact = tokio::time::timeout(settings.timeout, docs.ensure_schema()).await;
@@ -93,7 +96,7 @@ impl DocStore for PgDocs {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(classify)?;
         let admission = match self.guarding {
-            Guarding::On => guard::postgres::admit(&tx, key.as_str(), *fence)
+            Guarding::On => guard::postgres::admit(&tx, key.as_str(), *fence, &self.guard)
                 .await
                 .map_err(classify)?,
             Guarding::Off => Admission::Admitted,

@@ -5,7 +5,7 @@ use anyhow::Context as _;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock::domain::ResourceName;
-use fencelock::guard::{self, Admission};
+use fencelock::guard::{self, Admission, GuardMetrics};
 use fencelock::store::StoreError;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
@@ -31,16 +31,18 @@ CREATE INDEX IF NOT EXISTS doc_writes_key_id_idx ON doc_writes (key, id);";
 pub struct SqliteDocs {
     conn: Arc<Mutex<Connection>>,
     guarding: Guarding,
+    guard: GuardMetrics,
 }
 
 impl SqliteDocs {
-    pub fn open(path: &Path, guarding: Guarding) -> anyhow::Result<Self> {
+    pub fn open(path: &Path, guarding: Guarding, guard: GuardMetrics) -> anyhow::Result<Self> {
         let conn = fencelock::store::sqlite::connect(path)?;
         conn.execute_batch(guard::sqlite::SCHEMA)?;
         conn.execute_batch(SCHEMA)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             guarding,
+            guard,
         })
     }
 
@@ -79,12 +81,12 @@ fn time(ms: i64) -> anyhow::Result<DateTime<Utc>> {
 #[async_trait]
 impl DocStore for SqliteDocs {
     async fn put(&self, write: &Write) -> Result<Put, StoreError> {
-        let (write, guarding) = (write.clone(), self.guarding);
+        let (write, guarding, guard) = (write.clone(), self.guarding, self.guard.clone());
         self.with(move |conn| {
             let (key, fence) = (write.key.as_str(), write.fence);
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let admission = match guarding {
-                Guarding::On => guard::sqlite::admit(&tx, key, fence)?,
+                Guarding::On => guard::sqlite::admit(&tx, key, fence, &guard)?,
                 Guarding::Off => Admission::Admitted,
             };
             let now = Utc::now().timestamp_millis();

@@ -1,0 +1,275 @@
+//! Every metric fencelock exposes, in one place: family names, help texts, label names and
+//! the only label values there are (API.md, *Metrics*), and how domain outcomes map onto them.
+//!
+//! Metrics live in a [`Registry`] per application, never in a process-wide one: a process
+//! that runs several apps (the tests run a server per test) keeps each app's counts apart,
+//! and each app's `GET /metrics` shows its own answers only.
+//!
+//! No label value ever comes from a request's content: no resource name, owner or fence
+//! (unbounded, and owners are secret). The HTTP `route` label is the route *pattern*, and a
+//! method HTTP does not define is counted as [`label::OTHER_METHOD`].
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+};
+pub use prometheus::{Registry, TEXT_FORMAT};
+
+use crate::domain::{AcquireOutcome, Acquisition, ReleaseOutcome, RenewOutcome};
+
+/// One metric family: its name, its help text and its label names.
+pub struct Family {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub labels: &'static [&'static str],
+}
+
+pub const ACQUIRE: Family = Family {
+    name: "fencelock_acquire_total",
+    help: "Acquire requests answered, by outcome.",
+    labels: &[label::OUTCOME],
+};
+pub const RENEW: Family = Family {
+    name: "fencelock_renew_total",
+    help: "Renew requests answered, by outcome.",
+    labels: &[label::OUTCOME],
+};
+pub const RELEASE: Family = Family {
+    name: "fencelock_release_total",
+    help: "Release requests answered, by outcome.",
+    labels: &[label::OUTCOME],
+};
+pub const LEASE_HELD: Family = Family {
+    name: "fencelock_lease_held_seconds",
+    help: "How long released leases were held, from acquisition to release (store clock).",
+    labels: &[],
+};
+pub const EXPIRED_WHILE_HELD: Family = Family {
+    name: "fencelock_leases_expired_while_held_total",
+    help: "Leases taken over after expiry without a release: their holder crashed, or paused past its TTL.",
+    labels: &[],
+};
+pub const LIVE_LEASES: Family = Family {
+    name: "fencelock_live_leases",
+    help: "Live leases in the store, as last sampled.",
+    labels: &[],
+};
+pub const STORE_SECONDS: Family = Family {
+    name: "fencelock_store_seconds",
+    help: "Time taken by store operations, by operation.",
+    labels: &[label::OP],
+};
+pub const STORE_ERRORS: Family = Family {
+    name: "fencelock_store_errors_total",
+    help: "Store operations that got no answer, by kind.",
+    labels: &[label::KIND],
+};
+pub const HTTP_REQUESTS: Family = Family {
+    name: "fencelock_http_requests_total",
+    help: "HTTP requests answered, by route pattern, method and status.",
+    labels: &[label::ROUTE, label::METHOD, label::STATUS],
+};
+pub const HTTP_SECONDS: Family = Family {
+    name: "fencelock_http_request_seconds",
+    help: "Time from a request's arrival to its answer, by route pattern and method.",
+    labels: &[label::ROUTE, label::METHOD],
+};
+pub const BUILD_INFO: Family = Family {
+    name: "fencelock_build_info",
+    help: "Always 1; the labels say which build runs on which store.",
+    labels: &[label::VERSION, label::STORE],
+};
+pub const GUARD_WRITES: Family = Family {
+    name: "fencelock_guard_writes_total",
+    help: "Writes the fence guard decided on, by outcome.",
+    labels: &[label::OUTCOME],
+};
+
+/// Label names, and the only values each label takes.
+pub mod label {
+    pub const OUTCOME: &str = "outcome";
+    pub const OP: &str = "op";
+    pub const KIND: &str = "kind";
+    pub const ROUTE: &str = "route";
+    pub const METHOD: &str = "method";
+    pub const STATUS: &str = "status";
+    pub const VERSION: &str = "version";
+    pub const STORE: &str = "store";
+
+    /// `outcome` of acquire, renew, release and the guard's writes.
+    pub mod outcome {
+        pub const ACQUIRED: &str = "acquired";
+        pub const REACQUIRED: &str = "reacquired";
+        pub const TAKEN_OVER: &str = "taken_over";
+        pub const HELD: &str = "held";
+        pub const RENEWED: &str = "renewed";
+        pub const NOT_FOUND: &str = "not_found";
+        pub const EXPIRED: &str = "expired";
+        pub const OWNER_MISMATCH: &str = "owner_mismatch";
+        pub const STALE_FENCE: &str = "stale_fence";
+        pub const RELEASED: &str = "released";
+        pub const NOT_OWNER: &str = "not_owner";
+        /// The store gave no answer (unavailable, timed out, or a bug): the client was told
+        /// `503` or `500`.
+        pub const ERROR: &str = "error";
+        pub const ADMITTED: &str = "admitted";
+        pub const STALE: &str = "stale";
+    }
+
+    /// `op` of `fencelock_store_seconds`: one per store operation.
+    pub mod op {
+        pub const ACQUIRE: &str = "acquire";
+        pub const RENEW: &str = "renew";
+        pub const RELEASE: &str = "release";
+        pub const INSPECT: &str = "inspect";
+        pub const PING: &str = "ping";
+        pub const PURGE: &str = "purge";
+        pub const COUNT: &str = "count";
+    }
+
+    /// `kind` of `fencelock_store_errors_total`.
+    pub mod kind {
+        /// Unreachable, busy, refusing writes, or the store's own deadline refusal.
+        pub const UNAVAILABLE: &str = "unavailable";
+        /// The HTTP side stopped waiting for the store.
+        pub const TIMEOUT: &str = "timeout";
+        /// A bug or a broken schema.
+        pub const INTERNAL: &str = "internal";
+    }
+
+    /// `store` of `fencelock_build_info`.
+    pub mod store {
+        pub const POSTGRES: &str = "postgres";
+        pub const SQLITE: &str = "sqlite";
+    }
+
+    /// `route` of a request no route matched.
+    pub const UNMATCHED_ROUTE: &str = "unmatched";
+    /// `method` of a request whose method HTTP does not define.
+    pub const OTHER_METHOD: &str = "other";
+}
+
+/// Buckets of the request and store latency histograms, in seconds: 1 ms to 10 s.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Buckets of [`LEASE_HELD`], in seconds: 100 ms to a day (the default maximum TTL).
+pub const HELD_BUCKETS: &[f64] = &[
+    0.1, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0,
+];
+
+/// Registers `family` as a counter in `registry`.
+///
+/// # Panics
+/// When `family` is registered in `registry` already: a bug in how an app builds its
+/// metrics, found by any test that builds the app.
+pub fn counter(registry: &Registry, family: &Family) -> IntCounterVec {
+    let counter = IntCounterVec::new(Opts::new(family.name, family.help), family.labels)
+        .expect("a valid counter family");
+    register(registry, family, counter)
+}
+
+/// Registers `family` as a counter without labels.
+pub fn plain_counter(registry: &Registry, family: &Family) -> IntCounter {
+    let counter = IntCounter::new(family.name, family.help).expect("a valid counter");
+    register(registry, family, counter)
+}
+
+/// Registers `family` as a gauge without labels.
+pub fn gauge(registry: &Registry, family: &Family) -> IntGauge {
+    let gauge = IntGauge::new(family.name, family.help).expect("a valid gauge");
+    register(registry, family, gauge)
+}
+
+/// Registers `family` as an info gauge: one series, at 1, with `values` for its labels.
+pub fn info(registry: &Registry, family: &Family, values: &[&str]) {
+    let gauge = IntGaugeVec::new(Opts::new(family.name, family.help), family.labels)
+        .expect("a valid gauge family");
+    register(registry, family, gauge)
+        .with_label_values(values)
+        .set(1);
+}
+
+/// Registers `family` as a histogram with `buckets` (seconds).
+pub fn histogram(registry: &Registry, family: &Family, buckets: &[f64]) -> HistogramVec {
+    let opts = HistogramOpts::new(family.name, family.help).buckets(buckets.to_vec());
+    let histogram = HistogramVec::new(opts, family.labels).expect("a valid histogram family");
+    register(registry, family, histogram)
+}
+
+/// Registers `family` as a histogram without labels, with `buckets` (seconds).
+pub fn plain_histogram(registry: &Registry, family: &Family, buckets: &[f64]) -> Histogram {
+    let opts = HistogramOpts::new(family.name, family.help).buckets(buckets.to_vec());
+    let histogram = Histogram::with_opts(opts).expect("a valid histogram");
+    register(registry, family, histogram)
+}
+
+fn register<C: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    family: &Family,
+    collector: C,
+) -> C {
+    registry
+        .register(Box::new(collector.clone()))
+        .unwrap_or_else(|e| panic!("registering {}: {e}", family.name));
+    collector
+}
+
+/// The text exposition of everything in `registry` (content type [`TEXT_FORMAT`]).
+pub fn render(registry: &Registry) -> String {
+    use prometheus::Encoder as _;
+    let mut text = Vec::new();
+    // Encoding into memory fails only for metrics that could not have been registered.
+    if let Err(e) = prometheus::TextEncoder::new().encode(&registry.gather(), &mut text) {
+        tracing::error!(error = %e, "encoding metrics failed");
+    }
+    String::from_utf8(text).unwrap_or_default()
+}
+
+/// The `outcome` of an acquire answer.
+pub fn acquire_outcome(outcome: &AcquireOutcome) -> &'static str {
+    match outcome {
+        AcquireOutcome::Acquired { how, .. } => match how {
+            Acquisition::Fresh => label::outcome::ACQUIRED,
+            Acquisition::Reacquired => label::outcome::REACQUIRED,
+            Acquisition::TakenOver => label::outcome::TAKEN_OVER,
+        },
+        AcquireOutcome::Held => label::outcome::HELD,
+    }
+}
+
+/// The `outcome` of a renew answer.
+pub fn renew_outcome(outcome: &RenewOutcome) -> &'static str {
+    match outcome {
+        RenewOutcome::Renewed(_) => label::outcome::RENEWED,
+        RenewOutcome::NotFound => label::outcome::NOT_FOUND,
+        RenewOutcome::Expired => label::outcome::EXPIRED,
+        RenewOutcome::OwnerMismatch => label::outcome::OWNER_MISMATCH,
+        RenewOutcome::StaleFence { .. } => label::outcome::STALE_FENCE,
+    }
+}
+
+/// The `outcome` of a release answer.
+pub fn release_outcome(outcome: &ReleaseOutcome) -> &'static str {
+    match outcome {
+        ReleaseOutcome::Released { .. } => label::outcome::RELEASED,
+        ReleaseOutcome::NotFound => label::outcome::NOT_FOUND,
+        ReleaseOutcome::NotOwner => label::outcome::NOT_OWNER,
+        ReleaseOutcome::StaleFence { .. } => label::outcome::STALE_FENCE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_app_registry_shows_only_its_own_counts() {
+        let (one, two) = (Registry::new(), Registry::new());
+        let a = counter(&one, &ACQUIRE);
+        let _b = counter(&two, &ACQUIRE);
+        a.with_label_values(&[label::outcome::HELD]).inc();
+        assert!(render(&one).contains(r#"fencelock_acquire_total{outcome="held"} 1"#));
+        assert!(!render(&two).contains("held"));
+    }
+}

@@ -1,0 +1,96 @@
+//! The lease families: what this instance answered to acquire, renew and release, and what
+//! those answers tell about leases (how long they were held, whether their holder lost
+//! them to expiry). Counted once the answer is known, store errors included.
+
+use prometheus::{Histogram, IntCounter, IntCounterVec};
+
+use crate::domain::{AcquireOutcome, Acquisition, ReleaseOutcome, RenewOutcome};
+use crate::http::ApiError;
+use crate::metrics::{self, Registry, label};
+use crate::store::metered::StoreMetrics;
+
+pub struct LeaseMetrics {
+    acquire: IntCounterVec,
+    renew: IntCounterVec,
+    release: IntCounterVec,
+    held: Histogram,
+    expired_while_held: IntCounter,
+    /// For the timeouts only the HTTP side sees.
+    pub store: StoreMetrics,
+}
+
+impl LeaseMetrics {
+    pub fn register(registry: &Registry, store: StoreMetrics) -> Self {
+        use label::outcome::*;
+        let counters = [
+            (
+                &metrics::ACQUIRE,
+                &[ACQUIRED, REACQUIRED, TAKEN_OVER, HELD, ERROR][..],
+            ),
+            (
+                &metrics::RENEW,
+                &[
+                    RENEWED,
+                    NOT_FOUND,
+                    EXPIRED,
+                    OWNER_MISMATCH,
+                    STALE_FENCE,
+                    ERROR,
+                ][..],
+            ),
+            (
+                &metrics::RELEASE,
+                &[RELEASED, NOT_FOUND, NOT_OWNER, STALE_FENCE, ERROR][..],
+            ),
+        ]
+        .map(|(family, outcomes)| {
+            let counter = metrics::counter(registry, family);
+            // Every outcome is shown from the start, at 0.
+            for outcome in outcomes {
+                counter.with_label_values(&[*outcome]);
+            }
+            counter
+        });
+        let [acquire, renew, release] = counters;
+        Self {
+            acquire,
+            renew,
+            release,
+            held: metrics::plain_histogram(registry, &metrics::LEASE_HELD, metrics::HELD_BUCKETS),
+            expired_while_held: metrics::plain_counter(registry, &metrics::EXPIRED_WHILE_HELD),
+            store,
+        }
+    }
+
+    pub fn acquire(&self, answer: Result<&AcquireOutcome, &ApiError>) {
+        let outcome = answer.map_or(label::outcome::ERROR, metrics::acquire_outcome);
+        self.acquire.with_label_values(&[outcome]).inc();
+        if let Ok(AcquireOutcome::Acquired {
+            how: Acquisition::TakenOver,
+            ..
+        }) = answer
+        {
+            self.expired_while_held.inc();
+        }
+    }
+
+    pub fn renew(&self, answer: Result<&RenewOutcome, &ApiError>) {
+        let outcome = answer.map_or(label::outcome::ERROR, metrics::renew_outcome);
+        self.renew.with_label_values(&[outcome]).inc();
+    }
+
+    pub fn release(&self, answer: Result<&ReleaseOutcome, &ApiError>) {
+        let outcome = answer.map_or(label::outcome::ERROR, metrics::release_outcome);
+        self.release.with_label_values(&[outcome]).inc();
+        if let Ok(ReleaseOutcome::Released {
+            acquired_at,
+            released_at,
+            ..
+        }) = answer
+        {
+            // Never negative: both times come from the store's clock in one step.
+            let held = (*released_at - *acquired_at).to_std().unwrap_or_default();
+            self.held.observe(held.as_secs_f64());
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! A store that times every operation and counts the ones that got no answer
+//! (`fencelock_store_seconds`, `fencelock_store_errors_total`), around either store.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use prometheus::{HistogramVec, IntCounterVec};
+
+use super::{Deadline, LeaseStore, SharedStore, StoreError};
+use crate::domain::{
+    AcquireOutcome, AcquireRequest, Lease, ReleaseOutcome, ReleaseRequest, RenewOutcome,
+    RenewRequest, ResourceName,
+};
+use crate::metrics::{self, Registry, label};
+
+/// The store families of one app.
+#[derive(Clone)]
+pub struct StoreMetrics {
+    seconds: HistogramVec,
+    errors: IntCounterVec,
+}
+
+impl StoreMetrics {
+    pub fn register(registry: &Registry) -> Self {
+        let metrics = Self {
+            seconds: metrics::histogram(
+                registry,
+                &metrics::STORE_SECONDS,
+                metrics::LATENCY_BUCKETS,
+            ),
+            errors: metrics::counter(registry, &metrics::STORE_ERRORS),
+        };
+        // Every kind is shown from the start, at 0, so that a rate over it is defined before
+        // the first failure.
+        for kind in [
+            label::kind::UNAVAILABLE,
+            label::kind::TIMEOUT,
+            label::kind::INTERNAL,
+        ] {
+            metrics.errors.with_label_values(&[kind]);
+        }
+        metrics
+    }
+
+    /// The HTTP side stopped waiting for the store (see `routes::bounded`).
+    pub fn timed_out(&self) {
+        self.errors.with_label_values(&[label::kind::TIMEOUT]).inc();
+    }
+
+    fn failed(&self, error: &StoreError) {
+        let kind = match error {
+            StoreError::Unavailable(_)
+            | StoreError::NotWritable(_)
+            | StoreError::Misconfigured(_) => label::kind::UNAVAILABLE,
+            StoreError::Internal(_) => label::kind::INTERNAL,
+        };
+        self.errors.with_label_values(&[kind]).inc();
+    }
+}
+
+/// `inner` with every operation timed and every failure counted.
+pub struct Metered {
+    inner: SharedStore,
+    metrics: StoreMetrics,
+}
+
+impl Metered {
+    pub fn wrap(inner: SharedStore, metrics: StoreMetrics) -> SharedStore {
+        std::sync::Arc::new(Self { inner, metrics })
+    }
+
+    async fn timed<T>(
+        &self,
+        op: &'static str,
+        operation: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        // The timer observes when dropped: an operation the HTTP side gave up on is timed
+        // up to that moment too.
+        let _timer = self.metrics.seconds.with_label_values(&[op]).start_timer();
+        let result = operation.await;
+        if let Err(e) = &result {
+            self.metrics.failed(e);
+        }
+        result
+    }
+}
+
+#[async_trait]
+impl LeaseStore for Metered {
+    async fn acquire(
+        &self,
+        req: &AcquireRequest,
+        deadline: Deadline,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.timed(label::op::ACQUIRE, self.inner.acquire(req, deadline))
+            .await
+    }
+
+    async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
+        self.timed(label::op::INSPECT, self.inner.inspect(resource))
+            .await
+    }
+
+    async fn renew(
+        &self,
+        req: &RenewRequest,
+        deadline: Deadline,
+    ) -> Result<RenewOutcome, StoreError> {
+        self.timed(label::op::RENEW, self.inner.renew(req, deadline))
+            .await
+    }
+
+    async fn release(
+        &self,
+        req: &ReleaseRequest,
+        deadline: Deadline,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        self.timed(label::op::RELEASE, self.inner.release(req, deadline))
+            .await
+    }
+
+    /// Timed per batch: `purge_expired` (the trait's own) calls this once per batch.
+    async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError> {
+        self.timed(label::op::PURGE, self.inner.purge_batch(grace, limit))
+            .await
+    }
+
+    async fn count_live(&self) -> Result<u64, StoreError> {
+        self.timed(label::op::COUNT, self.inner.count_live()).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.timed(label::op::PING, self.inner.ping()).await
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
