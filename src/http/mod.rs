@@ -8,11 +8,14 @@
 //! - [`middleware`]: [`observe`], which every app wraps around its routes: it writes each
 //!   problem document (with its `instance`) and logs each request; and the renderer for
 //!   requests the HTTP parser refuses.
+//! - [`openapi`]: what every service's OpenAPI document shares: the problem schema, the
+//!   problem answers of an operation, `/metrics` and `/openapi.json`.
 //! - [`resource`], [`not_found`] and [`not_allowed`]: the answers for wrong methods and
 //!   unknown paths.
 
 pub mod body;
 pub mod middleware;
+pub mod openapi;
 pub mod problem;
 
 use actix_web::{HttpRequest, HttpResponse};

@@ -3,6 +3,7 @@
 
 mod health;
 mod locks;
+pub mod openapi;
 mod parse;
 
 use std::time::Duration;
@@ -79,12 +80,13 @@ fn report_not_writable(cause: &anyhow::Error) {
 
 const NOT_WRITABLE_REPORT_EVERY: Duration = Duration::from_secs(30);
 
-/// Registers every route: health and readiness, and the lock routes both as `/locks...` and
+/// Registers every route: health and readiness, the OpenAPI document, and the lock routes both as `/locks...` and
 /// as `/v1/locks...`. Each path answers other methods with `405` and an `Allow` header;
 /// unknown paths get a `404` problem from the app's default service.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(resource("/healthz", "GET").route(web::get().to(health::healthz)))
         .service(resource("/readyz", "GET").route(web::get().to(health::readyz)))
+        .service(resource("/openapi.json", "GET").route(web::get().to(openapi::serve)))
         .configure(lock_routes)
         // The same contract under a version prefix; the unprefixed paths stay.
         .service(web::scope("/v1").configure(lock_routes));
