@@ -45,7 +45,7 @@ pub struct KeyPath {
     #[param(
         min_length = 1,
         max_length = 255,
-        pattern = r"^[A-Za-z0-9._:@+=~-]{1,255}$"
+        pattern = r"^(?!\.\.?$)[A-Za-z0-9._:@+=~-]{1,255}$"
     )]
     key: String,
 }

@@ -140,7 +140,6 @@ fn problem_response(status: u16, sample: &ApiError, slugs: &[&str]) -> Value {
             "Retry-After".into(),
             json!({
                 "description": "Seconds to wait before retrying.",
-                "required": true,
                 "schema": { "type": "integer", "minimum": 0 },
             }),
         );
@@ -150,7 +149,6 @@ fn problem_response(status: u16, sample: &ApiError, slugs: &[&str]) -> Value {
             "Allow".into(),
             json!({
                 "description": "The methods this path serves.",
-                "required": true,
                 "schema": { "type": "string" },
             }),
         );

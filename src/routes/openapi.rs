@@ -101,6 +101,25 @@ pub fn document(max_ttl: Ttl) -> Value {
     doc
 }
 
+/// An owner: no control characters, and something besides whitespace. (Stricter than the
+/// rule in one way: surrounding whitespace control characters such as a tab are trimmed by
+/// the server, but a client has no reason to send them.)
+const OWNER_PATTERN: &str =
+    r"^[^\x00-\x1F\x7F-\x9F]*[^\s\x00-\x1F\x7F-\x9F][^\x00-\x1F\x7F-\x9F]*$";
+
+fn owner_schema() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .description(Some(
+            "The caller's secret token for this acquisition (e.g. a UUID); surrounding \
+             whitespace is trimmed, then 1-255 bytes without control characters.",
+        ))
+        .min_length(Some(1))
+        .max_length(Some(255))
+        .pattern(Some(OWNER_PATTERN))
+        .build()
+}
+
 /// The path parameter of every lock route.
 #[derive(utoipa::IntoParams)]
 #[into_params(parameter_in = Path)]
@@ -114,7 +133,7 @@ pub struct ResourcePath {
     #[param(
         min_length = 1,
         max_length = 255,
-        pattern = r"^[A-Za-z0-9._:@+=~-]{1,255}$"
+        pattern = r"^(?!\.\.?$)[A-Za-z0-9._:@+=~-]{1,255}$"
     )]
     resource: String,
 }
@@ -129,7 +148,7 @@ pub struct ResourcePath {
 pub struct AcquireBody {
     /// The caller's secret token for this acquisition (e.g. a UUID); trimmed, then 1-255
     /// bytes without control characters.
-    #[schema(min_length = 1, pattern = r"\S")]
+    #[schema(schema_with = owner_schema)]
     owner: String,
     /// The lease's time to live, from 1 to the server's maximum (`--max-ttl-seconds`).
     #[schema(minimum = 1, maximum = 86400)]
@@ -145,7 +164,7 @@ pub struct AcquireBody {
 )]
 pub struct RenewBody {
     /// The owner the lease was acquired with.
-    #[schema(min_length = 1, pattern = r"\S")]
+    #[schema(schema_with = owner_schema)]
     owner: String,
     /// The new time to live, from now: 1 to the server's maximum.
     #[schema(minimum = 1, maximum = 86400)]
@@ -165,7 +184,7 @@ pub struct RenewBody {
 )]
 pub struct ReleaseBody {
     /// The owner the lease was acquired with.
-    #[schema(min_length = 1, pattern = r"\S")]
+    #[schema(schema_with = owner_schema)]
     owner: String,
     /// When given, the lease's fence must be this one (`409 stale-fence` otherwise).
     #[schema(minimum = 1, maximum = 9_007_199_254_740_991_i64)]

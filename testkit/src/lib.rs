@@ -23,8 +23,10 @@
 //!   that can freeze (a network partition: bytes stop, nothing is reset), thaw and cut.
 //! - `raw`: [`raw_exchange`] sends bytes no HTTP client would and parses the answer
 //!   ([`RawResponse`], [`assert_raw_problem`]).
+//! - [`openapi`]: checks of a service's OpenAPI document against the live service.
 //! - [`closed_port`]: a local port nothing listens on, for "unreachable" tests.
 
+pub mod openapi;
 mod proxy;
 mod raw;
 mod server;

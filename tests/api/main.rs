@@ -18,6 +18,7 @@ mod health;
 mod input;
 mod inspect;
 mod late_work;
+mod openapi;
 mod outage;
 pub mod process;
 mod protocol;
