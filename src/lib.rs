@@ -10,7 +10,7 @@
 //!    the PostgreSQL and SQLite stores. It knows nothing of HTTP.
 //! 3. [`http`]: the HTTP toolkit every fencelock service shares: the one error type and its
 //!    RFC 9457 rendering (a store failure is a `503` or a `500`), body reading, the request
-//!    middleware, `404`/`405` answers.
+//!    middleware, `404`/`405` answers, the parts every OpenAPI document shares.
 //! 4. [`guard`] (on [`http`] and [`domain`]): the write guard for protected services
 //!    (`Fencing-Token`, the atomic fence check for PostgreSQL and SQLite).
 //! 5. [`routes`] (on all of the above): the lease server's handlers: parse, ask the store,
