@@ -10,7 +10,8 @@
 //!    the PostgreSQL and SQLite stores. It knows nothing of HTTP.
 //! 3. [`http`]: the HTTP toolkit every fencelock service shares: the one error type and its
 //!    RFC 9457 rendering (a store failure is a `503` or a `500`), body reading, the request
-//!    middleware, the HTTP metrics and `GET /metrics`, `404`/`405` answers.
+//!    middleware, the HTTP metrics and `GET /metrics`, `404`/`405` answers, the parts every
+//!    OpenAPI document shares.
 //!
 //! [`metrics`] stands beside them all: the name, help text and label values of every metric
 //! family, in one place, on [`domain`] alone; each app keeps its metrics in a registry of

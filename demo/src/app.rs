@@ -12,6 +12,8 @@
 //!   start); `next` is `null` on the last page. A bad `limit` or `after`, or any other
 //!   parameter, is `422 validation-failed` naming it.
 //!
+//! - `GET /openapi.json`: this API's OpenAPI document ([`crate::openapi`]).
+//!
 //! Every store call is bounded by the store timeout: past it, or when the database cannot be
 //! reached, the answer is `503 store-unavailable` with `Retry-After`, as from the lease
 //! server; a bug is a `500`.
@@ -34,6 +36,7 @@ use fencelock::store::StoreError;
 use serde_json::json;
 
 use crate::docs::{MAX_PAGE_LIMIT, Page, Put, SharedDocs, Write};
+use crate::openapi as api;
 
 /// A bound demo store that has not started serving yet.
 pub struct DemoServer {
@@ -42,7 +45,7 @@ pub struct DemoServer {
 }
 
 /// What every handler shares.
-struct Docs {
+pub(crate) struct Docs {
     store: SharedDocs,
     /// Longest a request waits on the store; past it the answer is `503`, never a hang.
     timeout: Duration,
@@ -99,6 +102,7 @@ impl DemoServer {
                 .service(
                     http::resource("/metrics", "GET").route(web::get().to(http::metrics::expose)),
                 )
+                .service(http::resource("/openapi.json", "GET").route(web::get().to(openapi)))
                 .default_service(web::to(http::not_found))
                 .wrap(from_fn(http::observe))
                 .wrap(from_fn(http::metrics::count))
@@ -122,11 +126,26 @@ impl DemoServer {
     }
 }
 
+/// `GET /openapi.json`
+async fn openapi() -> HttpResponse {
+    http::openapi::serve(&api::document())
+}
+
 fn key(raw: &str) -> Result<ResourceName, ApiError> {
     ResourceName::parse(raw).map_err(|e| ApiError::validation("key", e))
 }
 
-async fn put_doc(
+#[utoipa::path(
+    put, path = "/docs/{key}", tag = "docs", params(api::KeyPath, api::FencingTokenHeader),
+    summary = "Write a document, if the writer's fence is not stale",
+    request_body(content = serde_json::Value, content_type = "application/json",
+        description = "Any JSON value"),
+    responses(
+        (status = 200, body = api::Applied, description = "Applied"),
+        api::PutProblems,
+    ),
+)]
+pub(crate) async fn put_doc(
     req: HttpRequest,
     path: web::Path<String>,
     FencingToken(fence): FencingToken,
@@ -160,7 +179,15 @@ async fn put_doc(
     }
 }
 
-async fn get_doc(path: web::Path<String>, docs: web::Data<Docs>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(
+    get, path = "/docs/{key}", tag = "docs", params(api::KeyPath),
+    summary = "A document",
+    responses((status = 200, body = api::Document, description = "The document"), api::GetProblems),
+)]
+pub(crate) async fn get_doc(
+    path: web::Path<String>,
+    docs: web::Data<Docs>,
+) -> Result<HttpResponse, ApiError> {
     let key = key(&path)?;
     let doc = docs.ask(docs.store.get(&key)).await?;
     let doc = doc.ok_or_else(|| ApiError::NotFound(format!("no document {key}")))?;
@@ -172,7 +199,15 @@ async fn get_doc(path: web::Path<String>, docs: web::Data<Docs>) -> Result<HttpR
     })))
 }
 
-async fn list_writes(
+#[utoipa::path(
+    get, path = "/docs/{key}/writes", tag = "docs", params(api::KeyPath, api::PageQuery),
+    summary = "One page of the key's write log, oldest first; rejected writes stay visible",
+    responses(
+        (status = 200, body = api::WritesPage, description = "A page of the write log"),
+        api::WritesProblems,
+    ),
+)]
+pub(crate) async fn list_writes(
     req: HttpRequest,
     path: web::Path<String>,
     docs: web::Data<Docs>,

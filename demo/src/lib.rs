@@ -5,8 +5,10 @@
 //! - [`docs`]: documents and their write log, on PostgreSQL or SQLite, written through the
 //!   guard in one transaction.
 //! - [`app`]: the demo store's HTTP API.
+//! - [`openapi`]: its OpenAPI document, served at `/openapi.json`.
 //! - [`story`]: the paused-worker scenario, against in-process or running services.
 
 pub mod app;
 pub mod docs;
+pub mod openapi;
 pub mod story;

@@ -524,7 +524,50 @@ async fn bad_page_parameters_are_422(kind: StoreKind) {
     assert_eq!(named, ["key", "limit"]);
 }
 
+/// What each operation of the demo store can answer, beyond the HTTP layer's own refusals
+/// (`400`, `408`, `431`), which every operation documents.
+const OPERATIONS: [(&str, &[u16]); 5] = [
+    ("PUT /docs/{key}", &[200, 409, 413, 415, 422, 428, 500, 503]),
+    ("GET /docs/{key}", &[200, 404, 422, 500, 503]),
+    ("GET /docs/{key}/writes", &[200, 422, 500, 503]),
+    ("GET /metrics", &[200]),
+    ("GET /openapi.json", &[200]),
+];
+
+/// Documented, and served once the metrics work is merged; until then `404`.
+const NOT_YET_SERVED: &[&str] = &[];
+
+async fn the_document_matches_the_store(kind: StoreKind) {
+    use fencelock_testkit::openapi::{
+        assert_not_served, assert_served_as_documented, fetch_document, slugs, statuses,
+    };
+    let store = TestStore::spawn(kind, Guarding::On).await;
+    let document = fetch_document(&store.address).await;
+    let expected: std::collections::BTreeMap<String, std::collections::BTreeSet<u16>> = OPERATIONS
+        .into_iter()
+        .map(|(operation, statuses)| {
+            let all = statuses.iter().chain(&[400, 408, 431]).copied().collect();
+            (operation.to_owned(), all)
+        })
+        .collect();
+    assert_eq!(statuses(&document), expected);
+    assert_eq!(slugs(&document, "/docs/{key}", "PUT", 409), ["stale-fence"]);
+    assert_eq!(
+        slugs(&document, "/docs/{key}", "PUT", 428),
+        ["fencing-token-required"]
+    );
+    assert_served_as_documented(
+        &store.address,
+        &document,
+        &[("key", "doc:openapi")],
+        NOT_YET_SERVED,
+    )
+    .await;
+    assert_not_served(&store.address, &["/docs", "/docs/a/b", "/healthz", "/"]).await;
+}
+
 contract_stores!(
+    the_document_matches_the_store,
     the_write_log_is_paged,
     bad_page_parameters_are_422,
     guard_orders_writes_by_fence,

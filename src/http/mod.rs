@@ -10,12 +10,15 @@
 //!   requests the HTTP parser refuses.
 //! - [`metrics`]: [`metrics::count`], the middleware that counts and times every answer
 //!   by route pattern, and [`metrics::expose`], the `GET /metrics` handler.
+//! - [`openapi`]: what every service's OpenAPI document shares: the problem schema, the
+//!   problem answers of an operation, `/metrics` and `/openapi.json`.
 //! - [`resource`], [`not_found`] and [`not_allowed`]: the answers for wrong methods and
 //!   unknown paths.
 
 pub mod body;
 pub mod metrics;
 pub mod middleware;
+pub mod openapi;
 pub mod problem;
 
 use actix_web::{HttpRequest, HttpResponse};

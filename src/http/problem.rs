@@ -18,7 +18,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 const RETRY_AFTER_SECONDS: &str = "1";
 
 /// One invalid input field, listed in a `validation-failed` problem.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct FieldError {
     pub field: String,
     pub message: String,

@@ -4,7 +4,7 @@ use actix_web::{HttpResponse, web};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
-use super::{AppState, parse};
+use super::{AppState, openapi, parse};
 use crate::domain::{
     AcquireOutcome, Acquisition, Fence, Lease, ReleaseOutcome, RenewOutcome, ResourceName,
 };
@@ -12,14 +12,27 @@ use crate::http::ApiError;
 use crate::http::body::JsonObject;
 
 /// A lease as clients see it. `owner` is shown only to the request that presented it.
-#[derive(Serialize)]
-struct LockView<'a> {
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = Lock)]
+pub(super) struct LockView<'a> {
+    /// The locked resource.
     resource: &'a str,
+    /// The holder's owner token, shown only to the request that presented it.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String, required = true)]
     owner: Option<&'a str>,
+    /// The lease's fencing token: greater than every fence issued before it.
+    #[schema(value_type = i64, minimum = 1, maximum = 9_007_199_254_740_991_i64)]
     fence: Fence,
+    /// RFC 3339 UTC, millisecond precision.
+    #[schema(format = DateTime)]
     acquired_at: String,
+    /// RFC 3339 UTC, millisecond precision; the lease is expired when now >= `expires_at`.
+    #[schema(format = DateTime)]
     expires_at: String,
+    /// Time left, measured by the store's clock when the answer was made.
+    #[schema(minimum = 0)]
     expires_in_ms: i64,
 }
 
@@ -47,19 +60,30 @@ fn rfc3339_millis(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 struct RenewResponse<'a> {
     lock: LockView<'a>,
 }
 
-#[derive(Serialize)]
-#[serde(untagged)]
+/// `acquired: true` with the lock, or `acquired: false` while another owner holds it.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged, deny_unknown_fields)]
 enum AcquireResponse<'a> {
     Acquired { acquired: bool, lock: LockView<'a> },
     Held { acquired: bool, resource: &'a str },
 }
 
 /// `POST /locks/{resource}` `{"owner", "ttl_seconds"}`
+#[utoipa::path(
+    post, path = "/locks/{resource}", tag = "locks", params(openapi::ResourcePath),
+    summary = "Acquire a lease, or re-acquire it by the same owner (a new, greater fence)",
+    request_body(content = openapi::AcquireBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = AcquireResponse<'_>, description = "Acquired, or held by another owner"),
+        openapi::AcquireProblems,
+    ),
+)]
 pub async fn acquire(
     path: web::Path<String>,
     JsonObject(body): JsonObject,
@@ -102,6 +126,14 @@ pub async fn acquire(
 }
 
 /// `GET /locks/{resource}`: the live lease, without its owner.
+#[utoipa::path(
+    get, path = "/locks/{resource}", tag = "locks", params(openapi::ResourcePath),
+    summary = "The live lease, without its owner",
+    responses(
+        (status = 200, body = openapi::LiveLease, description = "The live lease"),
+        openapi::InspectProblems,
+    ),
+)]
 pub async fn inspect(
     path: web::Path<String>,
     state: web::Data<AppState>,
@@ -115,6 +147,15 @@ pub async fn inspect(
 }
 
 /// `POST /locks/{resource}/renew` `{"owner", "ttl_seconds", "fence"?}`
+#[utoipa::path(
+    post, path = "/locks/{resource}/renew", tag = "locks", params(openapi::ResourcePath),
+    summary = "Extend the live lease: same fence, expires_at = now + ttl_seconds",
+    request_body(content = openapi::RenewBody, content_type = "application/json"),
+    responses(
+        (status = 200, body = RenewResponse<'_>, description = "Renewed"),
+        openapi::RenewProblems,
+    ),
+)]
 pub async fn renew(
     path: web::Path<String>,
     JsonObject(body): JsonObject,
@@ -157,6 +198,15 @@ pub async fn renew(
 }
 
 /// `DELETE /locks/{resource}` or `POST /locks/{resource}/release`, `{"owner", "fence"?}`
+#[utoipa::path(
+    delete, path = "/locks/{resource}", tag = "locks", params(openapi::ResourcePath),
+    summary = "Release a lease",
+    request_body(content = openapi::ReleaseBody, content_type = "application/json"),
+    responses(
+        (status = 204, description = "Released"),
+        openapi::ReleaseProblems,
+    ),
+)]
 pub async fn release(
     path: web::Path<String>,
     JsonObject(body): JsonObject,

@@ -4,6 +4,7 @@
 mod health;
 mod locks;
 pub mod metrics;
+pub mod openapi;
 mod parse;
 
 use std::time::Duration;
@@ -86,14 +87,15 @@ async fn bounded<T>(
     }
 }
 
-/// Registers every route: health and readiness, the metrics (`/metrics`, unprefixed only),
-/// and the lock routes both as `/locks...` and as `/v1/locks...`. Each path answers other
-/// methods with `405` and an `Allow` header;
+/// Registers every route: health and readiness, the metrics and the OpenAPI document
+/// (unprefixed only), and the lock routes both as `/locks...` and as `/v1/locks...`. Each path
+/// answers other methods with `405` and an `Allow` header;
 /// unknown paths get a `404` problem from the app's default service.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(resource("/healthz", "GET").route(web::get().to(health::healthz)))
         .service(resource("/readyz", "GET").route(web::get().to(health::readyz)))
         .service(resource("/metrics", "GET").route(web::get().to(http::metrics::expose)))
+        .service(resource("/openapi.json", "GET").route(web::get().to(openapi::serve)))
         .configure(lock_routes)
         // The same contract under a version prefix; the unprefixed paths stay.
         .service(web::scope("/v1").configure(lock_routes));

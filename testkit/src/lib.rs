@@ -25,9 +25,11 @@
 //!   ([`RawResponse`], [`assert_raw_problem`]).
 //! - `exposition`: [`Exposition`], a `GET /metrics` answer parsed into samples, looked up by
 //!   name and labels; [`TestApp::metrics`] fetches one.
+//! - [`openapi`]: checks of a service's OpenAPI document against the live service.
 //! - [`closed_port`]: a local port nothing listens on, for "unreachable" tests.
 
 mod exposition;
+pub mod openapi;
 mod proxy;
 mod raw;
 mod server;

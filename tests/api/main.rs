@@ -20,6 +20,7 @@ mod inspect;
 mod late_work;
 mod metrics;
 mod misconfig;
+mod openapi;
 mod outage;
 pub mod process;
 mod protocol;

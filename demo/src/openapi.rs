@@ -1,0 +1,176 @@
+//! `GET /openapi.json`: the demo store's OpenAPI 3.1 document, generated from the code like
+//! the lease server's (see `fencelock::http::openapi`).
+
+use std::collections::BTreeMap;
+
+use fencelock::http::ApiError;
+use fencelock::http::openapi::{body_refusals, finish, invalid_input, problems, store_failures};
+use serde_json::Value;
+use utoipa::openapi::{RefOr, Response};
+use utoipa::{IntoResponses, OpenApi};
+
+use crate::app;
+use crate::docs::Outcome;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "fencelock demo store",
+        description = "A small protected store whose writes pass the fencelock write guard: \
+            each write carries the fence of its lease in `Fencing-Token`, and a write with a \
+            fence below the highest accepted for its key is refused (`409 stale-fence`).",
+        license(name = "MIT OR Apache-2.0", identifier = "MIT OR Apache-2.0"),
+    ),
+    paths(app::put_doc, app::get_doc, app::list_writes),
+    components(schemas(Applied, Document, WritesPage, WriteRecord, Outcome)),
+    tags((name = "docs", description = "Documents and their write log")),
+)]
+struct DemoStoreApi;
+
+/// The whole document.
+pub fn document() -> Value {
+    finish(DemoStoreApi::openapi())
+}
+
+/// The `{key}` path parameter: the lock resource that protects the document.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[expect(
+    dead_code,
+    reason = "the wire shape, for the document; app::key reads it"
+)]
+pub struct KeyPath {
+    /// 1-255 characters of `A-Z a-z 0-9 . _ - : @ + = ~`, not `.` or `..` (the lease
+    /// server's resource rules). Anything else is `422`.
+    #[param(
+        min_length = 1,
+        max_length = 255,
+        pattern = r"^(?!\.\.?$)[A-Za-z0-9._:@+=~-]{1,255}$"
+    )]
+    key: String,
+}
+
+/// The `Fencing-Token` header of a write.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Header)]
+#[expect(
+    dead_code,
+    reason = "the wire shape, for the document; the guard reads it"
+)]
+pub struct FencingTokenHeader {
+    /// The fence of the writer's lease: a positive integer below 2^53. Missing: `428`; not
+    /// such an integer: `400`.
+    #[param(
+        rename = "Fencing-Token",
+        minimum = 1,
+        maximum = 9_007_199_254_740_991_i64
+    )]
+    fencing_token: i64,
+}
+
+/// The page parameters of `GET /docs/{key}/writes`; any other parameter is `422`.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[expect(
+    dead_code,
+    reason = "the wire shape, for the document; app::page reads it"
+)]
+pub struct PageQuery {
+    /// Most writes on the page: 1-1000, default 100.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+    /// The `next` of the previous page; absent or `0`: from the start.
+    #[param(minimum = 0)]
+    after: Option<i64>,
+}
+
+/// An applied write.
+#[derive(utoipa::ToSchema)]
+#[expect(
+    dead_code,
+    reason = "the wire shape, for the document; app::put_doc writes it"
+)]
+pub struct Applied {
+    key: String,
+    /// The value as written: any JSON value.
+    value: Value,
+    #[schema(minimum = 1)]
+    fence: i64,
+}
+
+/// A document.
+#[derive(utoipa::ToSchema)]
+#[expect(
+    dead_code,
+    reason = "the wire shape, for the document; app::get_doc writes it"
+)]
+pub struct Document {
+    key: String,
+    value: Value,
+    /// The fence of the write that wrote it.
+    #[schema(minimum = 1)]
+    fence: i64,
+    /// RFC 3339 UTC, millisecond precision.
+    #[schema(format = DateTime)]
+    updated_at: String,
+}
+
+/// One page of a key's write log, oldest first.
+#[derive(utoipa::ToSchema)]
+#[expect(
+    dead_code,
+    reason = "the wire shape, for the document; app::list_writes writes it"
+)]
+pub struct WritesPage {
+    writes: Vec<WriteRecord>,
+    /// The `after` of the next page; `null` on the last page.
+    #[schema(required = true)]
+    next: Option<i64>,
+}
+
+/// One write attempt, applied or rejected.
+#[derive(utoipa::ToSchema)]
+#[expect(
+    dead_code,
+    reason = "the wire shape, for the document; app::list_writes writes it"
+)]
+pub struct WriteRecord {
+    #[schema(minimum = 1)]
+    id: i64,
+    #[schema(minimum = 1)]
+    fence: i64,
+    outcome: Outcome,
+    /// RFC 3339 UTC, millisecond precision.
+    #[schema(format = DateTime)]
+    at: String,
+}
+
+/// The problem answers of each operation, beyond those of the HTTP layer.
+macro_rules! problem_answers {
+    ($($name:ident => $samples:expr;)*) => {$(
+        pub struct $name;
+
+        impl IntoResponses for $name {
+            fn responses() -> BTreeMap<String, RefOr<Response>> {
+                problems($samples)
+            }
+        }
+    )*};
+}
+
+problem_answers! {
+    PutProblems => [
+        body_refusals(),
+        vec![
+            ApiError::FencingTokenRequired(String::new()),
+            invalid_input(),
+            fencelock::guard::stale_write("", fencelock::domain::Fence::new(1).expect("a fence")),
+        ],
+        store_failures(),
+    ].into_iter().flatten();
+    GetProblems => [
+        vec![invalid_input(), ApiError::NotFound(String::new())],
+        store_failures(),
+    ].into_iter().flatten();
+    WritesProblems => [vec![invalid_input()], store_failures()].into_iter().flatten();
+}

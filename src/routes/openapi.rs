@@ -1,0 +1,259 @@
+//! `GET /openapi.json`: the lease server's OpenAPI 3.1 document, generated from the code.
+//!
+//! The handlers carry `#[utoipa::path]`, the response types derive `ToSchema`, and the
+//! problem answers of each operation are listed here as sample errors
+//! ([`crate::http::openapi::problems`]). What the derives cannot say is added by
+//! [`document`] from the same source: the `/v1` copy of every lock path, `POST
+//! .../release` (the handler of `DELETE`), the lease without its owner that inspect shows,
+//! and the configured TTL maximum.
+
+use std::collections::BTreeMap;
+
+use actix_web::{HttpResponse, web};
+use serde_json::Value;
+use utoipa::openapi::{RefOr, Response};
+use utoipa::{IntoResponses, OpenApi};
+
+use super::{AppState, health, locks};
+use crate::domain::Ttl;
+use crate::http::ApiError;
+use crate::http::openapi::{body_refusals, finish, invalid_input, problems, store_failures};
+
+/// The prefix every lock path is also served under.
+pub const VERSION_PREFIX: &str = "/v1";
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "fencelock",
+        description = "A lease server that hands out time-limited locks with fencing tokens. \
+            Every lock path is also served under `/v1`. Errors are RFC 9457 problem documents.",
+        license(name = "MIT OR Apache-2.0", identifier = "MIT OR Apache-2.0"),
+    ),
+    paths(
+        locks::acquire,
+        locks::inspect,
+        locks::release,
+        locks::renew,
+        health::healthz,
+        health::readyz,
+    ),
+    components(schemas(AcquireBody, RenewBody, ReleaseBody, LiveLease)),
+    tags(
+        (name = "locks", description = "Acquire, inspect, renew and release leases"),
+        (name = "operations", description = "Health, readiness, metrics, this document"),
+    )
+)]
+struct LeaseServerApi;
+
+/// `GET /openapi.json`
+pub async fn serve(state: web::Data<AppState>) -> HttpResponse {
+    crate::http::openapi::serve(&document(state.max_ttl))
+}
+
+/// The whole document, for a server whose longest TTL is `max_ttl`.
+pub fn document(max_ttl: Ttl) -> Value {
+    let mut doc = finish(LeaseServerApi::openapi());
+    for body in ["AcquireBody", "RenewBody"] {
+        doc["components"]["schemas"][body]["properties"]["ttl_seconds"]["maximum"] =
+            Value::from(max_ttl.seconds());
+    }
+    // An untagged enum's variants: closed, and told apart by `acquired` too.
+    let answers = &mut doc["components"]["schemas"]["AcquireResponse"]["oneOf"];
+    for (variant, acquired) in answers
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+        .zip([true, false])
+    {
+        variant["additionalProperties"] = Value::Bool(false);
+        variant["properties"]["acquired"]["enum"] = serde_json::json!([acquired]);
+    }
+    let paths = doc["paths"].as_object_mut().expect("paths is an object");
+
+    // The handler of DELETE /locks/{resource} also serves POST .../release.
+    let mut release = paths["/locks/{resource}"]["delete"].clone();
+    release["operationId"] = Value::from("release_post");
+    release["summary"] = Value::from(
+        "Release a lease (for clients that cannot send a body with DELETE); as DELETE /locks/{resource}",
+    );
+    let allow = paths["/locks/{resource}/renew"]["description"].clone();
+    paths.insert(
+        "/locks/{resource}/release".to_owned(),
+        serde_json::json!({ "post": release, "description": allow }),
+    );
+
+    // Every lock path again under /v1, with the same operations.
+    let prefixed: Vec<(String, Value)> = paths
+        .iter()
+        .filter(|(path, _)| path.starts_with("/locks"))
+        .map(|(path, item)| {
+            let mut item = item.clone();
+            for (_, operation) in item.as_object_mut().expect("an object").iter_mut() {
+                if let Some(id) = operation.get("operationId").and_then(Value::as_str) {
+                    operation["operationId"] = Value::from(format!("{id}_v1"));
+                }
+            }
+            (format!("{VERSION_PREFIX}{path}"), item)
+        })
+        .collect();
+    paths.extend(prefixed);
+    doc
+}
+
+/// An owner: no control characters, and something besides whitespace. (Stricter than the
+/// rule in one way: surrounding whitespace control characters such as a tab are trimmed by
+/// the server, but a client has no reason to send them.)
+const OWNER_PATTERN: &str =
+    r"^[^\x00-\x1F\x7F-\x9F]*[^\s\x00-\x1F\x7F-\x9F][^\x00-\x1F\x7F-\x9F]*$";
+
+fn owner_schema() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .description(Some(
+            "The caller's secret token for this acquisition (e.g. a UUID); surrounding \
+             whitespace is trimmed, then 1-255 bytes without control characters.",
+        ))
+        .min_length(Some(1))
+        .max_length(Some(255))
+        .pattern(Some(OWNER_PATTERN))
+        .build()
+}
+
+/// The path parameter of every lock route.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[expect(
+    dead_code,
+    reason = "the wire shape, for the document; routes::parse reads it"
+)]
+pub struct ResourcePath {
+    /// The locked thing's name: 1-255 characters of `A-Z a-z 0-9 . _ - : @ + = ~`, not `.`
+    /// or `..`. Anything else is `422`.
+    #[param(
+        min_length = 1,
+        max_length = 255,
+        pattern = r"^(?!\.\.?$)[A-Za-z0-9._:@+=~-]{1,255}$"
+    )]
+    resource: String,
+}
+
+/// The body of `POST /locks/{resource}`. Unknown fields are `422`.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[expect(
+    dead_code,
+    reason = "the wire shape, for the document; routes::parse reads it"
+)]
+pub struct AcquireBody {
+    /// The caller's secret token for this acquisition (e.g. a UUID); trimmed, then 1-255
+    /// bytes without control characters.
+    #[schema(schema_with = owner_schema)]
+    owner: String,
+    /// The lease's time to live, from 1 to the server's maximum (`--max-ttl-seconds`).
+    #[schema(minimum = 1, maximum = 86400)]
+    ttl_seconds: i64,
+}
+
+/// The body of `POST /locks/{resource}/renew`. Unknown fields are `422`.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[expect(
+    dead_code,
+    reason = "the wire shape, for the document; routes::parse reads it"
+)]
+pub struct RenewBody {
+    /// The owner the lease was acquired with.
+    #[schema(schema_with = owner_schema)]
+    owner: String,
+    /// The new time to live, from now: 1 to the server's maximum.
+    #[schema(minimum = 1, maximum = 86400)]
+    ttl_seconds: i64,
+    /// When given, the lease's fence must be this one (`409 stale-fence` otherwise).
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_i64)]
+    fence: Option<i64>,
+}
+
+/// The body of `DELETE /locks/{resource}` and `POST /locks/{resource}/release`. Unknown
+/// fields are `422`.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[expect(
+    dead_code,
+    reason = "the wire shape, for the document; routes::parse reads it"
+)]
+pub struct ReleaseBody {
+    /// The owner the lease was acquired with.
+    #[schema(schema_with = owner_schema)]
+    owner: String,
+    /// When given, the lease's fence must be this one (`409 stale-fence` otherwise).
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_i64)]
+    fence: Option<i64>,
+}
+
+/// The live lease as inspect shows it: a lock without its `owner`, which only the holder
+/// sees.
+pub struct LiveLease;
+
+impl utoipa::PartialSchema for LiveLease {
+    fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
+        let mut schema = <locks::LockView<'_> as utoipa::PartialSchema>::schema();
+        if let RefOr::T(utoipa::openapi::schema::Schema::Object(object)) = &mut schema {
+            object.properties.remove("owner");
+            object.required.retain(|field| field != "owner");
+        }
+        schema
+    }
+}
+
+impl utoipa::ToSchema for LiveLease {}
+
+/// The problem answers of each operation, beyond those of the HTTP layer.
+macro_rules! problem_answers {
+    ($($name:ident => $samples:expr;)*) => {$(
+        pub struct $name;
+
+        impl IntoResponses for $name {
+            fn responses() -> BTreeMap<String, RefOr<Response>> {
+                problems($samples)
+            }
+        }
+    )*};
+}
+
+problem_answers! {
+    AcquireProblems => [body_refusals(), vec![invalid_input()], store_failures()].into_iter().flatten();
+    InspectProblems => [
+        vec![invalid_input(), ApiError::NotFound(String::new())],
+        store_failures(),
+    ].into_iter().flatten();
+    ReleaseProblems => [
+        body_refusals(),
+        vec![
+            invalid_input(),
+            ApiError::NotFound(String::new()),
+            ApiError::Forbidden(String::new()),
+            stale_fence(),
+        ],
+        store_failures(),
+    ].into_iter().flatten();
+    RenewProblems => [
+        body_refusals(),
+        vec![
+            invalid_input(),
+            ApiError::NotFound(String::new()),
+            ApiError::LeaseExpired(String::new()),
+            ApiError::OwnerMismatch(String::new()),
+            stale_fence(),
+        ],
+        store_failures(),
+    ].into_iter().flatten();
+    ReadyProblems => vec![ApiError::NotReady(String::new())];
+}
+
+fn stale_fence() -> ApiError {
+    ApiError::StaleFence {
+        detail: String::new(),
+        current_fence: None,
+    }
+}
