@@ -13,6 +13,13 @@
 //! | `--request-timeout-ms` | `FENCELOCK_REQUEST_TIMEOUT_MS` | `10000` |
 //! | `--max-connections` | `FENCELOCK_MAX_CONNECTIONS` | the open-file limit less a reserve |
 //! | `--live-leases-interval-seconds` | `FENCELOCK_LIVE_LEASES_INTERVAL_SECONDS` | `10` (1 to 15) |
+//! | `--auth-file` | `FENCELOCK_AUTH_FILE` | unset: no tokens checked |
+//! | `--allow-unauthenticated` | `FENCELOCK_ALLOW_UNAUTHENTICATED` | off |
+//!
+//! `--auth-file` names the TOML file of bearer tokens (see [`crate::auth`]); it is read at
+//! start (a bad file stops start-up) and again on `SIGHUP` (a bad file then keeps the tokens
+//! in force). Without it the server serves anyone, so it refuses to listen on an address
+//! other than loopback unless `--allow-unauthenticated` says that is meant.
 //!
 //! `--live-leases-interval-seconds` is how often the live leases are counted for the
 //! `fencelock_live_leases` gauge of `GET /metrics`; at most 15, as API.md promises.
@@ -21,10 +28,13 @@
 //! that names the setting, before anything is opened.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::auth::Auth;
 use crate::domain::Ttl;
 use crate::domain::ttl::{DEFAULT_MAX_TTL_SECONDS, TTL_CEILING_SECONDS};
 pub use crate::store::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
@@ -62,6 +72,19 @@ pub enum Command {
     /// Check, changing nothing, that the store can serve leases (reachable, writable, this
     /// build's schema); exit non-zero with the cause in one line if not.
     Check,
+    /// Bearer tokens for `--auth-file`.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Print a fresh random secret (first line) and the `[[tokens]]` block to paste into the
+    /// auth file (the rest). The secret is shown only this once; the file keeps its SHA-256.
+    New {
+        /// The token's name, as logs show it: 1-64 characters of `A-Z a-z 0-9 . _ - : @`.
+        name: String,
+    },
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -162,6 +185,20 @@ pub struct ServerArgs {
         global = true
     )]
     pub live_leases_interval_seconds: u64,
+
+    /// TOML file of bearer tokens (by the SHA-256 of each secret): turns authentication on.
+    /// Read again on SIGHUP.
+    #[arg(long, env = "FENCELOCK_AUTH_FILE", global = true)]
+    pub auth_file: Option<PathBuf>,
+
+    /// Serve without tokens on an address other than loopback (refused otherwise).
+    #[arg(
+        long,
+        env = "FENCELOCK_ALLOW_UNAUTHENTICATED",
+        value_parser = clap::builder::FalseyValueParser::new(),
+        global = true
+    )]
+    pub allow_unauthenticated: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -206,6 +243,10 @@ pub struct Settings {
     pub max_connections: Option<u64>,
     /// How often the `fencelock_live_leases` gauge is sampled.
     pub live_leases_interval: Duration,
+    /// The bearer tokens, when `--auth-file` is given; `None`: nothing is checked.
+    pub auth: Option<Arc<Auth>>,
+    /// Serve without tokens on a non-loopback address.
+    pub allow_unauthenticated: bool,
 }
 
 impl Settings {
@@ -231,6 +272,13 @@ impl Settings {
             request_timeout: Duration::from_millis(args.request_timeout_ms),
             max_connections: args.max_connections,
             live_leases_interval: Duration::from_secs(args.live_leases_interval_seconds),
+            auth: args
+                .auth_file
+                .as_deref()
+                .map(Auth::load)
+                .transpose()?
+                .map(Arc::new),
+            allow_unauthenticated: args.allow_unauthenticated,
         })
     }
 
@@ -249,6 +297,8 @@ impl Settings {
             request_timeout: Duration::from_millis(DEFAULT_REQUEST_TIMEOUT_MS),
             max_connections: None,
             live_leases_interval: Duration::from_secs(DEFAULT_LIVE_LEASES_INTERVAL_SECONDS),
+            auth: None,
+            allow_unauthenticated: false,
         }
     }
 }

@@ -23,6 +23,10 @@
 //! 6. [`config`], [`startup`], [`shutdown`], [`telemetry`]: the server process: settings,
 //!    the app built the same way by `main` and the tests, signals, logging.
 //!
+//! [`auth`] (with `server`, on [`domain`] alone) is the bearer tokens of `--auth-file`: the
+//! file's validated form, the constant-time lookup of a secret, reload on `SIGHUP`. Its
+//! HTTP side (the `401` before anything else, the `403` scope check) is `routes::auth`.
+//!
 //! [`client`] stands apart: the worker client (acquire/renew/release/inspect, bounded retry,
 //! a self-renewing `Lease`) on [`domain`] alone.
 //!
@@ -46,6 +50,8 @@ pub mod http;
 #[cfg(feature = "http")]
 pub mod metrics;
 
+#[cfg(feature = "server")]
+pub mod auth;
 #[cfg(feature = "server")]
 pub mod config;
 #[cfg(feature = "server")]

@@ -3,7 +3,7 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use clap::error::ErrorKind;
 
-use fencelock::config::{Cli, Command, Settings};
+use fencelock::config::{Cli, Command, Settings, TokenCommand};
 use fencelock::startup::{self, Application};
 use fencelock::store::{self, StoreConfig};
 use fencelock::{shutdown, telemetry};
@@ -23,6 +23,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(Command::Token(TokenCommand::New { name })) = &cli.command {
+        return new_token(name);
+    }
     let settings = match Settings::from_args(&cli.server) {
         Ok(settings) => settings,
         Err(e) => {
@@ -34,7 +37,7 @@ fn main() -> ExitCode {
     // A check's answer is its one line on stdout; its logs only speak of trouble.
     let default_filter = match command {
         Command::Check => "warn",
-        Command::Serve | Command::Migrate => "info",
+        Command::Serve | Command::Migrate | Command::Token(_) => "info",
     };
     if let Err(e) = telemetry::init_with_default(settings.log_format, default_filter) {
         eprintln!("fencelock: {e:#}");
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
             Command::Serve => serve(settings).await,
             Command::Migrate => migrate(settings).await,
             Command::Check => check(settings).await,
+            Command::Token(_) => unreachable!("answered before the runtime starts"),
         }
     });
     match result {
@@ -66,6 +70,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
     }
     let app = Application::build(settings).await?;
+    if let Some(auth) = app.auth() {
+        actix_web::rt::spawn(shutdown::hangups(move || auth.reload_logged()));
+    }
     let handle = app.handle();
     actix_web::rt::spawn(async move {
         let signal = shutdown::signal().await;
@@ -89,4 +96,21 @@ async fn migrate(settings: Settings) -> anyhow::Result<()> {
     }
     tracing::info!(store = %store.describe(), "migrations applied");
     Ok(())
+}
+
+/// `fencelock token new NAME`: the secret on the first line, then the block for the file.
+fn new_token(name: &str) -> ExitCode {
+    match fencelock::auth::new_token(name) {
+        Ok(token) => {
+            println!("{}\n\n{}", token.secret, token.block);
+            eprintln!(
+                "fencelock: the first line is the secret, shown only now: clients send it as `Authorization: Bearer <secret>`. Paste the block into the auth file, narrow its prefixes and permissions, and send the server SIGHUP."
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fencelock: {e:#}");
+            ExitCode::from(2)
+        }
+    }
 }

@@ -83,6 +83,11 @@ pub const GUARD_WRITES: Family = Family {
     help: "Writes the fence guard decided on, by outcome.",
     labels: &[label::OUTCOME],
 };
+pub const AUTH_FAILURES: Family = Family {
+    name: "fencelock_auth_failures_total",
+    help: "Lock requests refused by the bearer token check, by reason.",
+    labels: &[label::REASON],
+};
 
 /// Label names, and the only values each label takes.
 pub mod label {
@@ -94,6 +99,20 @@ pub mod label {
     pub const STATUS: &str = "status";
     pub const VERSION: &str = "version";
     pub const STORE: &str = "store";
+    pub const REASON: &str = "reason";
+
+    /// `reason` of `fencelock_auth_failures_total`. Never a token's name.
+    pub mod reason {
+        /// No `Authorization: Bearer` header (`401`).
+        pub const MISSING: &str = "missing";
+        /// A secret no token has (`401`).
+        pub const UNKNOWN: &str = "unknown";
+        /// Outside the token's prefixes, or a permission it lacks (`403`).
+        pub const SCOPE: &str = "scope";
+        /// At its `max_leases` (`429`).
+        pub const QUOTA: &str = "quota";
+        pub const ALL: [&str; 4] = [MISSING, UNKNOWN, SCOPE, QUOTA];
+    }
 
     /// `outcome` of acquire, renew, release and the guard's writes.
     pub mod outcome {
@@ -226,16 +245,18 @@ pub fn render(registry: &Registry) -> String {
     String::from_utf8(text).unwrap_or_default()
 }
 
-/// The `outcome` of an acquire answer.
-pub fn acquire_outcome(outcome: &AcquireOutcome) -> &'static str {
-    match outcome {
+/// The `outcome` of an acquire answer; `None` for a refusal by quota, which is an auth
+/// failure ([`AUTH_FAILURES`]), not one of the contract's acquire outcomes.
+pub fn acquire_outcome(outcome: &AcquireOutcome) -> Option<&'static str> {
+    Some(match outcome {
         AcquireOutcome::Acquired { how, .. } => match how {
             Acquisition::Fresh => label::outcome::ACQUIRED,
             Acquisition::Reacquired => label::outcome::REACQUIRED,
             Acquisition::TakenOver => label::outcome::TAKEN_OVER,
         },
         AcquireOutcome::Held => label::outcome::HELD,
-    }
+        AcquireOutcome::QuotaExceeded { .. } => return None,
+    })
 }
 
 /// The `outcome` of a renew answer.

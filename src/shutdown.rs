@@ -1,5 +1,6 @@
-//! The process's stop signals: SIGTERM (service managers) and SIGINT (Ctrl-C) both stop the
-//! server gracefully, letting in-flight requests finish.
+//! The process's signals: SIGTERM (service managers) and SIGINT (Ctrl-C) both stop the
+//! server gracefully, letting in-flight requests finish; SIGHUP asks for the auth file to be
+//! read again ([`hangups`]).
 
 /// Completes when the first stop signal arrives and names it.
 pub async fn signal() -> &'static str {
@@ -21,5 +22,26 @@ pub async fn signal() -> &'static str {
     {
         let _ = tokio::signal::ctrl_c().await;
         "Ctrl-C"
+    }
+}
+
+/// Calls `on_hangup` for every SIGHUP until the process ends (on Unix; elsewhere never).
+pub async fn hangups(on_hangup: impl Fn()) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::hangup()) {
+            Ok(mut hangup) => {
+                while hangup.recv().await.is_some() {
+                    on_hangup();
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot listen for SIGHUP; the auth file will not be reloaded"),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = on_hangup;
+        std::future::pending::<()>().await;
     }
 }

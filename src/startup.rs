@@ -2,17 +2,20 @@
 
 use std::net::TcpListener;
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
 
+use crate::auth::Auth;
 use crate::config::Settings;
 use crate::http::metrics::HttpMetrics;
 use crate::http::{self, body::RequestTimeout};
 use crate::metrics::{self, Registry, label};
 use crate::routes::metrics::LeaseMetrics;
+use crate::routes::auth::Gate;
 use crate::routes::{self, AppState};
 use crate::store::live::LiveLeases;
 use crate::store::metered::{Metered, StoreMetrics};
@@ -63,6 +66,19 @@ fn split_connections(cap: u64) -> (usize, usize) {
     (workers, (cap / workers).max(1))
 }
 
+/// Refuses to serve without tokens on an address other than loopback, unless that is asked
+/// for; returns whether the server is exposed without tokens (to be warned about).
+pub fn check_exposure(settings: &Settings) -> anyhow::Result<bool> {
+    let exposed = settings.auth.is_none() && !settings.bind.ip().is_loopback();
+    if exposed && !settings.allow_unauthenticated {
+        anyhow::bail!(
+            "refusing to serve without --auth-file on {}, which is not a loopback address: give --auth-file, or --allow-unauthenticated if anyone who can reach it may take and release leases",
+            settings.bind
+        );
+    }
+    Ok(exposed)
+}
+
 /// See `client_disconnect_timeout` in [`Application::with_store`].
 const DISCONNECT_LINGER: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -73,13 +89,16 @@ pub struct Application {
     store: SharedStore,
     purge: Purge,
     live: LiveLeases,
+    auth: Option<Arc<Auth>>,
 }
 
 impl Application {
     /// Opens the store named by the settings (applying migrations) and binds the listener.
     /// Port 0 picks a free port; [`Application::port`] tells which.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        // A cap the open-file limit cannot carry stops start-up before anything is opened.
+        // A cap the open-file limit cannot carry, or a server open to anyone without being
+        // told so, stops start-up before anything is opened.
+        check_exposure(&settings)?;
         connection_cap(settings.max_connections, settings.pool_size)?;
         let store = store::open(&settings.store, settings.store_options()).await?;
         Self::with_store(settings, store)
@@ -104,6 +123,7 @@ impl Application {
         let live_leases = metrics::gauge(&registry, &metrics::LIVE_LEASES);
         let lease_metrics = LeaseMetrics::register(&registry, store_metrics);
         let http_metrics = web::Data::new(HttpMetrics::register(&registry));
+        let gate = web::Data::new(Gate::new(settings.auth.clone(), &registry));
         let registry = web::Data::new(registry);
 
         let cap = connection_cap(settings.max_connections, settings.pool_size)?;
@@ -117,6 +137,19 @@ impl Application {
             max_connections = workers * per_worker,
             "fencelock serving"
         );
+        if check_exposure(&settings)? {
+            tracing::warn!(
+                address = %settings.bind,
+                "serving without authentication on an address other than loopback (--allow-unauthenticated): anyone who can reach it may take and release any lease"
+            );
+        }
+        if let Some(auth) = &settings.auth {
+            tracing::info!(
+                tokens = auth.tokens().len(),
+                path = %auth.path().display(),
+                "bearer tokens required on the lock routes"
+            );
+        }
 
         let state = web::Data::new(AppState {
             store: store.clone(),
@@ -132,6 +165,7 @@ impl Application {
                 .app_data(RequestTimeout(request_timeout))
                 .app_data(registry.clone())
                 .app_data(http_metrics.clone())
+                .app_data(gate.clone())
                 .configure(routes::configure)
                 .default_service(web::to(http::not_found))
                 .wrap(from_fn(http::observe))
@@ -163,7 +197,14 @@ impl Application {
             store,
             purge,
             live,
+            auth: settings.auth,
         })
+    }
+
+    /// The bearer tokens in force, when `--auth-file` is given; `main` reloads them on
+    /// `SIGHUP`.
+    pub fn auth(&self) -> Option<Arc<Auth>> {
+        self.auth.clone()
     }
 
     pub fn port(&self) -> u16 {

@@ -67,6 +67,10 @@ enum Command {
         /// The workers' lease TTL; worker A pauses for longer than this.
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=60))]
         ttl_seconds: u32,
+        /// The bearer secret for a lease server that runs with `--auth-file` (lock and read
+        /// on `report:`).
+        #[arg(long, env = "FENCELOCK_DEMO_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
 }
 
@@ -110,12 +114,14 @@ fn main() -> ExitCode {
                 lease_url,
                 store_url,
                 ttl_seconds,
+                token,
             } => {
                 let options = StoryOptions {
                     guarding: guarding(no_guard),
                     lease_url,
                     store_url,
                     ttl_seconds,
+                    token,
                 };
                 match story::run(options).await {
                     // No damage against a store whose own guard is on is the guard working,

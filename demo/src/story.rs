@@ -30,6 +30,9 @@ pub struct StoryOptions {
     /// A running demo store; `None` starts one in-process on a temporary SQLite file.
     pub store_url: Option<String>,
     pub ttl_seconds: u32,
+    /// The bearer secret for a lease server that runs with `--auth-file`; it needs the
+    /// `lock` and `read` permissions on `report:`.
+    pub token: Option<String>,
 }
 
 /// How the story ended.
@@ -101,7 +104,11 @@ pub async fn run(options: StoryOptions) -> anyhow::Result<Verdict> {
 
 async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyhow::Result<Verdict> {
     let ttl = Duration::from_secs(u64::from(options.ttl_seconds));
-    let locks = Client::new(lease_url)?;
+    let mut locks = Client::builder(lease_url);
+    if let Some(token) = &options.token {
+        locks = locks.bearer_token(token.clone());
+    }
+    let locks = locks.build()?;
     let store = Store::new(store_url)?;
     let timeline = Timeline::start();
     // A fresh resource per run, so a long-running server's earlier runs never interfere.

@@ -68,11 +68,14 @@ pub(super) fn renew(
     }
 }
 
-/// Release: `204` is done; `404`, `403` and `409` mean the caller did not hold the lease.
+/// Release: `204` is done; `404`, `403 forbidden` and `409` mean the caller did not hold the
+/// lease (`403 forbidden-scope` is the bearer token's scope: [`Error::Rejected`]).
 pub(super) fn release(status: StatusCode, body: &[u8]) -> Result<(), Error> {
     match status {
         StatusCode::NO_CONTENT => Ok(()),
-        StatusCode::FORBIDDEN => Err(lost(LossReason::OwnerMismatch)),
+        StatusCode::FORBIDDEN if problem(body)["type"] != "forbidden-scope" => {
+            Err(lost(LossReason::OwnerMismatch))
+        }
         _ => Err(loss(status, body).unwrap_or_else(|| failure(status, body))),
     }
 }
@@ -115,12 +118,13 @@ fn lost(reason: LossReason) -> Error {
 
 /// Every answer an operation has no specific meaning for: outages are
 /// [`Error::Unavailable`], other client errors [`Error::Rejected`], anything else (`1xx`,
-/// `3xx`, an unexpected `2xx`) [`Error::Protocol`].
+/// `3xx`, an unexpected `2xx`) [`Error::Protocol`]. A `429 quota-exceeded` is the bearer
+/// token's quota, which waiting does not lift (a lease must be released): `Rejected`.
 fn failure(status: StatusCode, body: &[u8]) -> Error {
     let problem = problem(body);
     if status.is_server_error()
         || status == StatusCode::REQUEST_TIMEOUT
-        || status == StatusCode::TOO_MANY_REQUESTS
+        || (status == StatusCode::TOO_MANY_REQUESTS && problem["type"] != "quota-exceeded")
     {
         Error::Unavailable(format!("{status}: {}", summary(&problem)))
     } else if status.is_client_error() {

@@ -123,9 +123,27 @@ pub struct ClientBuilder {
     timeout: Duration,
     connect_timeout: Duration,
     use_proxy: bool,
+    bearer_token: Option<BearerToken>,
+}
+
+/// A bearer secret: never shown by `Debug`.
+#[derive(Clone)]
+struct BearerToken(String);
+
+impl std::fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BearerToken(..)")
+    }
 }
 
 impl ClientBuilder {
+    /// Sends `Authorization: Bearer <secret>` with every request, for a server that runs
+    /// with `--auth-file`. The secret is never shown by `Debug` nor in errors.
+    pub fn bearer_token(mut self, secret: impl Into<String>) -> Self {
+        self.bearer_token = Some(BearerToken(secret.into()));
+        self
+    }
+
     /// The limit for one whole request (default [`DEFAULT_TIMEOUT`]). A [`Lease`] further
     /// bounds each renewal by its renewal interval and its expiry.
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -158,6 +176,16 @@ impl ClientBuilder {
         if !self.use_proxy {
             http = http.no_proxy();
         }
+        if let Some(BearerToken(secret)) = &self.bearer_token {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {secret}"))
+                .map_err(|_| {
+                    Error::Config("the bearer token holds characters a header cannot".to_owned())
+                })?;
+            value.set_sensitive(true);
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+            http = http.default_headers(headers);
+        }
         let http = http
             .build()
             .map_err(|e| Error::Config(format!("building the HTTP client: {}", chain(&e))))?;
@@ -182,6 +210,7 @@ impl Client {
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             use_proxy: true,
+            bearer_token: None,
         }
     }
 

@@ -53,6 +53,14 @@ pub fn acquire(current: Option<&Current<'_>>, owner: &Owner, now: DateTime<Utc>)
     }
 }
 
+/// Whether a token that holds `others` live leases of resources other than the one it asks
+/// for may take one more. A re-acquisition of a lease it holds is not among `others`, so it
+/// never counts twice. Checked before [`acquire`]: a token at its quota is refused whoever
+/// holds the resource.
+pub fn within_quota(others: u64, max_leases: Option<u32>) -> bool {
+    max_leases.is_none_or(|max| others < u64::from(max))
+}
+
 /// Whether to extend the lease (keeping its fence), or why not.
 pub fn renew(
     current: Option<&Current<'_>>,
@@ -114,6 +122,15 @@ mod tests {
             fence: fence(7),
             expires_at: at(1_000),
         }
+    }
+
+    #[test]
+    fn a_token_at_its_quota_takes_no_other_lease() {
+        assert!(within_quota(0, Some(1)));
+        assert!(within_quota(1, Some(2)));
+        assert!(!within_quota(2, Some(2)));
+        assert!(!within_quota(5, Some(2)));
+        assert!(within_quota(u64::MAX, None));
     }
 
     #[test]

@@ -32,6 +32,18 @@ pub struct AcquireRequest {
     pub resource: ResourceName,
     pub owner: Owner,
     pub ttl: Ttl,
+    /// The bearer token the request came with, if the server checks tokens: the lease
+    /// records it, and its quota is kept in the same atomic step as the grant.
+    pub token: Option<TokenQuota>,
+}
+
+/// Who took a lease, as the store records it, and how many live leases that token may hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenQuota {
+    /// The token's name (never its secret).
+    pub name: String,
+    /// `None`: no limit.
+    pub max_leases: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -69,6 +81,9 @@ pub enum AcquireOutcome {
     },
     /// A live lease of another owner exists.
     Held,
+    /// The request's token already holds its `max_leases` live leases of other resources;
+    /// nothing was written and no fence issued.
+    QuotaExceeded { max_leases: u32 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

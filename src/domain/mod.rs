@@ -12,7 +12,7 @@ pub mod ttl;
 pub use fence::{Fence, FenceError};
 pub use lease::{
     AcquireOutcome, AcquireRequest, Acquisition, Lease, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest,
+    RenewOutcome, RenewRequest, TokenQuota,
 };
 pub use owner::{Owner, OwnerError};
 pub use resource_name::{ResourceName, ResourceNameError};

@@ -144,6 +144,15 @@ fn problem_response(status: u16, sample: &ApiError, slugs: &[&str]) -> Value {
             }),
         );
     }
+    if head.headers().contains_key("www-authenticate") {
+        headers.insert(
+            "WWW-Authenticate".into(),
+            json!({
+                "description": "The scheme to authenticate with: `Bearer`.",
+                "schema": { "type": "string" },
+            }),
+        );
+    }
     if head.headers().contains_key("allow") {
         headers.insert(
             "Allow".into(),

@@ -37,6 +37,15 @@ impl FieldError {
 pub enum ApiError {
     #[error("{0}")]
     Malformed(String),
+    /// No bearer token, or one the server does not know: answered before anything else.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// The token may not touch this resource, or lacks the permission the operation needs.
+    #[error("{0}")]
+    ForbiddenScope(String),
+    /// The token holds its `max_leases` live leases and asked for another.
+    #[error("{0}")]
+    QuotaExceeded(String),
     #[error("the request has {} invalid field(s)", .0.len())]
     Validation(Vec<FieldError>),
     #[error("{0}")]
@@ -86,7 +95,10 @@ impl ApiError {
     pub fn status_and_type(&self) -> (StatusCode, &'static str) {
         match self {
             Self::Malformed(_) => (StatusCode::BAD_REQUEST, "malformed-request"),
+            Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            Self::ForbiddenScope(_) => (StatusCode::FORBIDDEN, "forbidden-scope"),
+            Self::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "quota-exceeded"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not-found"),
             Self::MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
             Self::LeaseExpired(_) => (StatusCode::CONFLICT, "lease-expired"),
@@ -173,6 +185,9 @@ impl ApiError {
             Self::MethodNotAllowed { allow, .. } => {
                 response.insert_header((header::ALLOW, HeaderValue::from_static(allow)));
             }
+            Self::Unauthorized(_) => {
+                response.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+            }
             // The rest of a body that is late may still be on its way; the connection cannot
             // carry another request, and must not stay open for the slow client.
             Self::RequestTimeout(_) => {
@@ -256,7 +271,10 @@ mod tests {
     fn every_variant_has_the_contract_status_and_slug() {
         let cases: Vec<(ApiError, u16, &str)> = vec![
             (ApiError::Malformed("x".into()), 400, "malformed-request"),
+            (ApiError::Unauthorized("x".into()), 401, "unauthorized"),
             (ApiError::Forbidden("x".into()), 403, "forbidden"),
+            (ApiError::ForbiddenScope("x".into()), 403, "forbidden-scope"),
+            (ApiError::QuotaExceeded("x".into()), 429, "quota-exceeded"),
             (ApiError::NotFound("x".into()), 404, "not-found"),
             (
                 ApiError::MethodNotAllowed {
@@ -319,6 +337,12 @@ mod tests {
             let (s, t) = error.status_and_type();
             assert_eq!((s.as_u16(), t), (status, slug), "{error:?}");
         }
+    }
+
+    #[test]
+    fn unauthorized_answers_name_the_bearer_scheme() {
+        let head = ApiError::Unauthorized("x".into()).response_head();
+        assert_eq!(head.headers().get(header::WWW_AUTHENTICATE).unwrap(), "Bearer");
     }
 
     #[test]

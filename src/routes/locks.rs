@@ -4,7 +4,9 @@ use actix_web::{HttpResponse, web};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
+use super::auth::Caller;
 use super::{AppState, openapi, parse};
+use crate::auth::Permission;
 use crate::domain::{
     AcquireOutcome, Acquisition, Fence, Lease, ReleaseOutcome, RenewOutcome, ResourceName,
 };
@@ -85,11 +87,14 @@ enum AcquireResponse<'a> {
     ),
 )]
 pub async fn acquire(
+    caller: Caller,
     path: web::Path<String>,
     JsonObject(body): JsonObject,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = parse::acquire(&path, body, state.max_ttl)?;
+    let mut request = parse::acquire(&path, body, state.max_ttl)?;
+    caller.allow(&request.resource, Permission::Lock)?;
+    request.token = caller.quota();
 
     let outcome = state
         .write(|deadline| state.store.acquire(&request, deadline))
@@ -107,6 +112,7 @@ pub async fn acquire(
                 lease.resource = %lease.resource,
                 lease.fence = lease.fence.get(),
                 lease.ttl_s = request.ttl.seconds(),
+                token = caller.name(),
                 "lease {event}"
             );
             AcquireResponse::Acquired {
@@ -114,8 +120,20 @@ pub async fn acquire(
                 lock: LockView::with_owner(lease),
             }
         }
+        AcquireOutcome::QuotaExceeded { max_leases } => {
+            tracing::info!(
+                lease.resource = %request.resource,
+                token = caller.name(),
+                "lease refused: the token is at its quota"
+            );
+            return Err(caller.quota_exceeded(*max_leases));
+        }
         AcquireOutcome::Held => {
-            tracing::info!(lease.resource = %request.resource, "lease refused: held by another owner");
+            tracing::info!(
+                lease.resource = %request.resource,
+                token = caller.name(),
+                "lease refused: held by another owner"
+            );
             AcquireResponse::Held {
                 acquired: false,
                 resource: request.resource.as_str(),
@@ -135,10 +153,12 @@ pub async fn acquire(
     ),
 )]
 pub async fn inspect(
+    caller: Caller,
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let resource = parse::resource(&path)?;
+    caller.allow(&resource, Permission::Read)?;
 
     match state.ask(state.store.inspect(&resource)).await? {
         Some(lease) => Ok(HttpResponse::Ok().json(LockView::without_owner(&lease))),
@@ -157,11 +177,13 @@ pub async fn inspect(
     ),
 )]
 pub async fn renew(
+    caller: Caller,
     path: web::Path<String>,
     JsonObject(body): JsonObject,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let request = parse::renew(&path, body, state.max_ttl)?;
+    caller.allow(&request.resource, Permission::Lock)?;
 
     let outcome = state
         .write(|deadline| state.store.renew(&request, deadline))
@@ -173,6 +195,7 @@ pub async fn renew(
                 lease.resource = %lease.resource,
                 lease.fence = lease.fence.get(),
                 lease.ttl_s = request.ttl.seconds(),
+                token = caller.name(),
                 "lease renewed"
             );
             Ok(HttpResponse::Ok().json(RenewResponse {
@@ -208,11 +231,13 @@ pub async fn renew(
     ),
 )]
 pub async fn release(
+    caller: Caller,
     path: web::Path<String>,
     JsonObject(body): JsonObject,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let request = parse::release(&path, body)?;
+    caller.allow(&request.resource, Permission::Lock)?;
 
     let outcome = state
         .write(|deadline| state.store.release(&request, deadline))
@@ -220,7 +245,12 @@ pub async fn release(
     state.metrics.release(outcome.as_ref());
     match outcome? {
         ReleaseOutcome::Released { fence, .. } => {
-            tracing::info!(lease.resource = %request.resource, lease.fence = fence.get(), "lease released");
+            tracing::info!(
+                lease.resource = %request.resource,
+                lease.fence = fence.get(),
+                token = caller.name(),
+                "lease released"
+            );
             Ok(HttpResponse::NoContent().finish())
         }
         ReleaseOutcome::NotFound => Err(no_live_lease(&request.resource)),

@@ -63,8 +63,13 @@ impl LeaseMetrics {
     }
 
     pub fn acquire(&self, answer: Result<&AcquireOutcome, &ApiError>) {
-        let outcome = answer.map_or(label::outcome::ERROR, metrics::acquire_outcome);
-        self.acquire.with_label_values(&[outcome]).inc();
+        let outcome = match answer {
+            Ok(outcome) => metrics::acquire_outcome(outcome),
+            Err(_) => Some(label::outcome::ERROR),
+        };
+        if let Some(outcome) = outcome {
+            self.acquire.with_label_values(&[outcome]).inc();
+        }
         if let Ok(AcquireOutcome::Acquired {
             how: Acquisition::TakenOver,
             ..

@@ -1,6 +1,7 @@
 //! The lease server's routes: each handler parses its request (`parse`), asks the store,
 //! and renders the outcome. The HTTP toolkit they stand on is [`crate::http`].
 
+pub mod auth;
 mod health;
 mod locks;
 pub mod metrics;
@@ -9,6 +10,7 @@ mod parse;
 
 use std::time::Duration;
 
+use actix_web::middleware::from_fn;
 use actix_web::web;
 
 use crate::domain::Ttl;
@@ -102,16 +104,25 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 }
 
 /// `/locks/...`. `[^/]*` also matches an empty segment, so `/locks/` reaches the handlers and
-/// gets the contract's `422` for an empty resource name instead of a bare `404`.
+/// gets the contract's `422` for an empty resource name instead of a bare `404`. Every lock
+/// route checks the bearer token first ([`auth::authenticate`]), before its `405`, its body
+/// and its path.
 fn lock_routes(cfg: &mut web::ServiceConfig) {
     cfg.service(
         resource("/locks/{resource:[^/]*}", "GET, POST, DELETE")
             .route(web::post().to(locks::acquire))
             .route(web::get().to(locks::inspect))
-            .route(web::delete().to(locks::release)),
+            .route(web::delete().to(locks::release))
+            .wrap(from_fn(auth::authenticate)),
     )
     .service(
-        resource("/locks/{resource:[^/]*}/release", "POST").route(web::post().to(locks::release)),
+        resource("/locks/{resource:[^/]*}/release", "POST")
+            .route(web::post().to(locks::release))
+            .wrap(from_fn(auth::authenticate)),
     )
-    .service(resource("/locks/{resource:[^/]*}/renew", "POST").route(web::post().to(locks::renew)));
+    .service(
+        resource("/locks/{resource:[^/]*}/renew", "POST")
+            .route(web::post().to(locks::renew))
+            .wrap(from_fn(auth::authenticate)),
+    );
 }

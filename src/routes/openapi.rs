@@ -69,7 +69,15 @@ pub fn document(max_ttl: Ttl) -> Value {
         variant["additionalProperties"] = Value::Bool(false);
         variant["properties"]["acquired"]["enum"] = serde_json::json!([acquired]);
     }
+    doc["components"]["securitySchemes"]["bearer"] = bearer_scheme();
     let paths = doc["paths"].as_object_mut().expect("paths is an object");
+    for (_, item) in paths.iter_mut().filter(|(path, _)| path.starts_with("/locks")) {
+        for (_, operation) in item.as_object_mut().expect("an object").iter_mut() {
+            if operation.get("responses").is_some() {
+                operation["security"] = serde_json::json!([{ "bearer": [] }, {}]);
+            }
+        }
+    }
 
     // The handler of DELETE /locks/{resource} also serves POST .../release.
     let mut release = paths["/locks/{resource}"]["delete"].clone();
@@ -222,12 +230,19 @@ macro_rules! problem_answers {
 }
 
 problem_answers! {
-    AcquireProblems => [body_refusals(), vec![invalid_input()], store_failures()].into_iter().flatten();
+    AcquireProblems => [
+        auth_refusals(),
+        body_refusals(),
+        vec![invalid_input(), ApiError::QuotaExceeded(String::new())],
+        store_failures(),
+    ].into_iter().flatten();
     InspectProblems => [
+        auth_refusals(),
         vec![invalid_input(), ApiError::NotFound(String::new())],
         store_failures(),
     ].into_iter().flatten();
     ReleaseProblems => [
+        auth_refusals(),
         body_refusals(),
         vec![
             invalid_input(),
@@ -238,6 +253,7 @@ problem_answers! {
         store_failures(),
     ].into_iter().flatten();
     RenewProblems => [
+        auth_refusals(),
         body_refusals(),
         vec![
             invalid_input(),
@@ -249,6 +265,28 @@ problem_answers! {
         store_failures(),
     ].into_iter().flatten();
     ReadyProblems => vec![ApiError::NotReady(String::new())];
+}
+
+/// With `--auth-file`: no or an unknown bearer token (`401`, before anything else), and a
+/// resource or operation outside the token's scope (`403`).
+fn auth_refusals() -> Vec<ApiError> {
+    vec![
+        ApiError::Unauthorized(String::new()),
+        ApiError::ForbiddenScope(String::new()),
+    ]
+}
+
+/// The bearer scheme of `--auth-file`. Without the file the server checks no token, so each
+/// lock operation lists both the scheme and no requirement at all.
+fn bearer_scheme() -> Value {
+    serde_json::json!({
+        "type": "http",
+        "scheme": "bearer",
+        "description": "`Authorization: Bearer <secret>`, checked when the server runs with \
+            `--auth-file`: no or an unknown token is `401`, a resource outside the token's \
+            prefixes or a missing permission `403 forbidden-scope`, a `lock` token at its \
+            `max_leases` `429 quota-exceeded`.",
+    })
 }
 
 fn stale_fence() -> ApiError {

@@ -21,6 +21,7 @@ pub fn acquire(resource: &str, body: Object, max_ttl: Ttl) -> Result<AcquireRequ
         resource: present(resource)?,
         owner: present(owner)?,
         ttl: present(ttl)?,
+        token: None,
     })
 }
 

@@ -419,11 +419,12 @@ impl PgStore {
     }
 }
 
-/// The decision and the fence live in `fencelock_acquire` (see the migrations): one round trip,
-/// one transaction, and a fence only for an acquisition that happens.
+/// The decision, the token's quota and the fence live in `fencelock_acquire` (see the
+/// migrations): one round trip, one transaction, and a fence only for an acquisition that
+/// happens. The deadline comes last among the parameters (see `write_opt`).
 const ACQUIRE: &str = "
 SELECT fence, acquired_at, expires_at, observed_at, how
-FROM fencelock_acquire($1, $2, $3, $4)";
+FROM fencelock_acquire($1, $2, $3, $6, $4::text, $5::integer)";
 
 const INSPECT: &str = "
 SELECT owner, fence, acquired_at, expires_at, now()
@@ -474,10 +475,10 @@ ON CONFLICT (id) DO UPDATE SET checked_at = EXCLUDED.checked_at";
 /// What `check` reads to make sure the tables and functions the statements use are there, with
 /// the columns they use. Reads only.
 const SCHEMA_PROBES: [&str; 4] = [
-    "SELECT resource, owner, fence, acquired_at, expires_at FROM leases LIMIT 0",
+    "SELECT resource, owner, fence, acquired_at, expires_at, token FROM leases LIMIT 0",
     "SELECT id, checked_at FROM store_probe LIMIT 0",
     "SELECT last_value FROM lease_fence",
-    "SELECT 'fencelock_acquire(text,text,integer,timestamp with time zone)'::regprocedure,
+    "SELECT 'fencelock_acquire(text,text,integer,timestamp with time zone,text,integer)'::regprocedure,
             'fencelock_in_time(timestamp with time zone)'::regprocedure",
 ];
 
@@ -501,10 +502,27 @@ impl LeaseStore for PgStore {
         deadline: Deadline,
     ) -> Result<AcquireOutcome, StoreError> {
         let ttl = ttl_param(req.ttl.seconds());
-        let params: [&(dyn ToSql + Sync); 3] = [&req.resource.as_str(), &req.owner.as_str(), &ttl];
+        let token = req.token.as_ref().map(|t| t.name.as_str());
+        let max_leases = req
+            .token
+            .as_ref()
+            .and_then(|t| t.max_leases)
+            .map(|max| i32::try_from(max).unwrap_or(i32::MAX));
+        let params: [&(dyn ToSql + Sync); 5] = [
+            &req.resource.as_str(),
+            &req.owner.as_str(),
+            &ttl,
+            &token,
+            &max_leases,
+        ];
         let Some(row) = self.write_opt(ACQUIRE, &params, deadline, 3).await? else {
             return Ok(AcquireOutcome::Held);
         };
+        if row.get::<_, &str>(4) == "quota_exceeded" {
+            return Ok(AcquireOutcome::QuotaExceeded {
+                max_leases: req.token.as_ref().and_then(|t| t.max_leases).unwrap_or(0),
+            });
+        }
         let lease = Lease {
             resource: req.resource.clone(),
             owner: req.owner.clone(),

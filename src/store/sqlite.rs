@@ -23,7 +23,7 @@ use super::{Deadline, LeaseStore, StoreError};
 use crate::domain::decide::{self, AcquireVerdict};
 use crate::domain::{
     AcquireOutcome, AcquireRequest, Fence, Lease, Owner, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, ResourceName,
+    RenewOutcome, RenewRequest, ResourceName, TokenQuota,
 };
 
 mod embedded {
@@ -125,7 +125,7 @@ pub fn check(path: &Path) -> anyhow::Result<String> {
 /// What `check` reads to make sure the tables the statements use are there, with the columns
 /// they use. Reads only.
 const SCHEMA_PROBES: [&str; 3] = [
-    "SELECT resource, owner, fence, acquired_at, expires_at FROM leases LIMIT 0",
+    "SELECT resource, owner, fence, acquired_at, expires_at, token FROM leases LIMIT 0",
     "SELECT last_fence FROM fence_counter WHERE id = 1",
     "SELECT writes FROM store_probe WHERE id = 1",
 ];
@@ -389,6 +389,23 @@ fn current(conn: &Connection, resource: &ResourceName) -> Result<Option<Row>, St
 
 fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
     let now = now_ms();
+    if let Some(TokenQuota {
+        name,
+        max_leases: Some(max_leases),
+    }) = &req.token
+    {
+        let others: i64 = conn
+            .prepare_cached(
+                "SELECT count(*) FROM leases WHERE token = ?1 AND expires_at > ?2 AND resource <> ?3",
+            )
+            .and_then(|mut s| s.query_row(params![name, now, req.resource.as_str()], |r| r.get(0)))
+            .map_err(classify)?;
+        if !decide::within_quota(u64::try_from(others).unwrap_or(0), Some(*max_leases)) {
+            return Ok(AcquireOutcome::QuotaExceeded {
+                max_leases: *max_leases,
+            });
+        }
+    }
     let row = current(conn, &req.resource)?;
     let how = match decide::acquire(
         row.as_ref().map(Row::current).as_ref(),
@@ -406,11 +423,12 @@ fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome, St
         .map_err(classify)?;
     let expires = now + req.ttl.millis();
     conn.prepare_cached(
-        "INSERT INTO leases (resource, owner, fence, acquired_at, expires_at)
-         VALUES (?1, ?2, ?3, ?4, ?5)
+        "INSERT INTO leases (resource, owner, fence, acquired_at, expires_at, token)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT (resource) DO UPDATE SET
              owner = excluded.owner, fence = excluded.fence,
-             acquired_at = excluded.acquired_at, expires_at = excluded.expires_at",
+             acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
+             token = excluded.token",
     )
     .and_then(|mut s| {
         s.execute(params![
@@ -418,7 +436,8 @@ fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome, St
             req.owner.as_str(),
             fence,
             now,
-            expires
+            expires,
+            req.token.as_ref().map(|t| t.name.as_str())
         ])
     })
     .map_err(classify)?;

@@ -45,6 +45,54 @@ impl TestApp {
         Self::spawn_with(db, settings).await
     }
 
+    /// A server that requires bearer tokens: the auth file holds `auth_toml`, and the
+    /// returned directory holds the file (rewrite it and call [`fencelock::auth::Auth::reload`]
+    /// on the settings' `auth` to test a reload in-process).
+    pub async fn spawn_with_auth(kind: StoreKind, auth_toml: &str) -> (Self, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("auth.toml");
+        std::fs::write(&path, auth_toml).expect("the auth file is written");
+        let auth = Arc::new(fencelock::auth::Auth::load(&path).expect("the auth file loads"));
+        let app = Self::spawn_on(TestDb::new(kind).await, move |settings| {
+            settings.auth = Some(auth);
+        })
+        .await;
+        (app, dir)
+    }
+
+    /// Sends a request with `Authorization: Bearer <token>` (or none, for `None`).
+    pub async fn send_as(
+        &self,
+        token: Option<&str>,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Response {
+        let mut request = self.client.request(method, self.url(path));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_string());
+        }
+        request.send().await.expect("request reaches the server")
+    }
+
+    /// `POST /locks/{resource}` with `token`.
+    pub async fn acquire_as(
+        &self,
+        token: Option<&str>,
+        resource: &str,
+        owner: &str,
+        ttl: i64,
+    ) -> Response {
+        let body = json!({ "owner": owner, "ttl_seconds": ttl });
+        self.send_as(token, Method::POST, &format!("/locks/{resource}"), Some(&body))
+            .await
+    }
+
     pub async fn spawn_with(db: Arc<TestDb>, settings: Settings) -> Self {
         init_logging();
         let (ready, built) = tokio::sync::oneshot::channel();

@@ -166,12 +166,13 @@ async fn by_the_store(app: &TestApp, resource: &str, state: State, op: Op, who: 
         resource: resource.clone(),
         owner: owner(name),
         ttl: ttl(),
+        token: None,
     };
     let mut fence_of_a = Fence::new(1).unwrap();
     if !matches!(state, Absent) {
         match store.acquire(&acquire("a"), deadline()).await.unwrap() {
             AcquireOutcome::Acquired { lease, .. } => fence_of_a = lease.fence,
-            AcquireOutcome::Held => panic!("setting up {resource}: held"),
+            other => panic!("setting up {resource}: {other:?}"),
         }
     }
     if matches!(state, ExpiredA) {
@@ -181,6 +182,7 @@ async fn by_the_store(app: &TestApp, resource: &str, state: State, op: Op, who: 
         Acquire => match store.acquire(&acquire(who), deadline()).await.unwrap() {
             AcquireOutcome::Acquired { how, .. } => V::Granted(how),
             AcquireOutcome::Held => V::Held,
+            other => panic!("no quota was asked for: {other:?}"),
         },
         Renew(g) => {
             let request = RenewRequest {

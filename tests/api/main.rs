@@ -9,6 +9,7 @@ extern crate fencelock_testkit;
 mod helpers;
 
 mod acquire;
+mod auth;
 mod client;
 mod concurrency;
 mod connections;

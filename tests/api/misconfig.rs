@@ -137,6 +137,6 @@ async fn check_passes_only_a_store_ready_to_serve() {
             String::from_utf8_lossy(&ready.stderr)
         );
         assert!(stdout.starts_with("fencelock check: ok:"), "{stdout}");
-        assert!(stdout.contains("schema version 2"), "{stdout}");
+        assert!(stdout.contains("schema version 3"), "{stdout}");
     }
 }
