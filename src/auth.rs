@@ -124,7 +124,13 @@ impl Tokens {
     pub fn parse(text: &str) -> anyhow::Result<Self> {
         let doc: FileDoc = toml::from_str(text).map_err(|e| {
             // toml's message spans several lines (it quotes the offending line).
-            anyhow::anyhow!("{}", e.to_string().split_whitespace().collect::<Vec<_>>().join(" "))
+            anyhow::anyhow!(
+                "{}",
+                e.to_string()
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            )
         })?;
         let mut tokens: Vec<Arc<Token>> = Vec::with_capacity(doc.tokens.len());
         for (index, raw) in doc.tokens.into_iter().enumerate() {
@@ -256,8 +262,7 @@ pub struct NewToken {
 pub fn new_token(name: &str) -> anyhow::Result<NewToken> {
     check_name(name)?;
     let mut bytes = [0_u8; SECRET_BYTES];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| anyhow::anyhow!("the OS random source failed: {e}"))?;
+    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("the OS random source failed: {e}"))?;
     let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
     let block = format!(
         "[[tokens]]\nname = \"{name}\"\nsha256 = \"{}\"\nprefixes = [\"\"]\npermissions = [\"lock\", \"read\"]\n# max_leases = 1000\n",
@@ -355,7 +360,10 @@ mod tests {
             (file("").replace("[\"billing:\"]", "[]"), "prefixes"),
             (file("").replace("[\"billing:\"]", "[\"a/b\"]"), "prefix"),
             (file("").replace("\"billing\"", "\"bad name\""), "name"),
-            (format!("{}{}", file(""), file("").replace("billing\"", "other\"")), "sha256"),
+            (
+                format!("{}{}", file(""), file("").replace("billing\"", "other\"")),
+                "sha256",
+            ),
             ("tokens = 3".to_owned(), "tokens"),
         ];
         for (text, word) in cases {

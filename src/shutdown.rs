@@ -36,7 +36,9 @@ pub async fn hangups(on_hangup: impl Fn()) {
                     on_hangup();
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "cannot listen for SIGHUP; the auth file will not be reloaded"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP; the auth file will not be reloaded")
+            }
         }
     }
     #[cfg(not(unix))]

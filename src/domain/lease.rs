@@ -83,7 +83,9 @@ pub enum AcquireOutcome {
     Held,
     /// The request's token already holds its `max_leases` live leases of other resources;
     /// nothing was written and no fence issued.
-    QuotaExceeded { max_leases: u32 },
+    QuotaExceeded {
+        max_leases: u32,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -342,7 +342,10 @@ mod tests {
     #[test]
     fn unauthorized_answers_name_the_bearer_scheme() {
         let head = ApiError::Unauthorized("x".into()).response_head();
-        assert_eq!(head.headers().get(header::WWW_AUTHENTICATE).unwrap(), "Bearer");
+        assert_eq!(
+            head.headers().get(header::WWW_AUTHENTICATE).unwrap(),
+            "Bearer"
+        );
     }
 
     #[test]

@@ -63,7 +63,10 @@ pub async fn authenticate(
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
     let gate = req.app_data::<web::Data<Gate>>().cloned();
     let Some(auth) = gate.as_ref().and_then(|g| g.auth.clone()) else {
-        return next.call(req).await.map(ServiceResponse::map_into_left_body);
+        return next
+            .call(req)
+            .await
+            .map(ServiceResponse::map_into_left_body);
     };
     let refusal = match bearer(&req) {
         None => (
@@ -73,7 +76,10 @@ pub async fn authenticate(
         Some(secret) => match auth.lookup(secret) {
             Some(token) => {
                 req.extensions_mut().insert(token);
-                return next.call(req).await.map(ServiceResponse::map_into_left_body);
+                return next
+                    .call(req)
+                    .await
+                    .map(ServiceResponse::map_into_left_body);
             }
             None => (label::reason::UNKNOWN, "the bearer token is not known here"),
         },

@@ -71,7 +71,10 @@ pub fn document(max_ttl: Ttl) -> Value {
     }
     doc["components"]["securitySchemes"]["bearer"] = bearer_scheme();
     let paths = doc["paths"].as_object_mut().expect("paths is an object");
-    for (_, item) in paths.iter_mut().filter(|(path, _)| path.starts_with("/locks")) {
+    for (_, item) in paths
+        .iter_mut()
+        .filter(|(path, _)| path.starts_with("/locks"))
+    {
         for (_, operation) in item.as_object_mut().expect("an object").iter_mut() {
             if operation.get("responses").is_some() {
                 operation["security"] = serde_json::json!([{ "bearer": [] }, {}]);

@@ -89,8 +89,13 @@ impl TestApp {
         ttl: i64,
     ) -> Response {
         let body = json!({ "owner": owner, "ttl_seconds": ttl });
-        self.send_as(token, Method::POST, &format!("/locks/{resource}"), Some(&body))
-            .await
+        self.send_as(
+            token,
+            Method::POST,
+            &format!("/locks/{resource}"),
+            Some(&body),
+        )
+        .await
     }
 
     pub async fn spawn_with(db: Arc<TestDb>, settings: Settings) -> Self {

@@ -51,7 +51,11 @@ fn lock_operations() -> Vec<(Method, &'static str, Option<Value>)> {
     vec![
         (Method::POST, "/locks/billing:x", Some(owner_body())),
         (Method::GET, "/locks/billing:x", None),
-        (Method::DELETE, "/locks/billing:x", Some(json!({ "owner": "o" }))),
+        (
+            Method::DELETE,
+            "/locks/billing:x",
+            Some(json!({ "owner": "o" })),
+        ),
         (
             Method::POST,
             "/locks/billing:x/release",
@@ -72,7 +76,10 @@ async fn assert_unauthorized(response: reqwest::Response, case: &str) {
     );
     let problem = assert_problem(response, 401, "unauthorized").await;
     let text = problem.to_string();
-    assert!(!text.contains(BILLING) && !text.contains("wrong-secret"), "{text}");
+    assert!(
+        !text.contains(BILLING) && !text.contains("wrong-secret"),
+        "{text}"
+    );
 }
 
 /// No token, or an unknown one: `401` on every lock operation; health, readiness, metrics
@@ -103,7 +110,9 @@ async fn no_or_unknown_token_is_401_on_every_lock_operation(kind: StoreKind) {
     assert!(metrics.value("fencelock_auth_failures_total", &[("reason", "missing")]) >= 5.0);
     assert!(metrics.value("fencelock_auth_failures_total", &[("reason", "unknown")]) >= 5.0);
     assert!(
-        metrics.label_values().all(|v| !v.contains("billing") && !v.contains("dashboards")),
+        metrics
+            .label_values()
+            .all(|v| !v.contains("billing") && !v.contains("dashboards")),
         "no token names as labels"
     );
 }
@@ -326,8 +335,12 @@ async fn sighup_reloads_the_auth_file_and_a_bad_file_keeps_the_old_tokens() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("auth.toml");
     std::fs::write(&path, auth_file()).unwrap();
-    let mut server = ServerProcess::start_with(None, dir.path(), &["--auth-file", path.to_str().unwrap()]);
-    assert_eq!(acquire_on(&server, BILLING, "billing:a").await.status(), 200);
+    let mut server =
+        ServerProcess::start_with(None, dir.path(), &["--auth-file", path.to_str().unwrap()]);
+    assert_eq!(
+        acquire_on(&server, BILLING, "billing:a").await.status(),
+        200
+    );
     const NEWCOMER: &str = "newcomer-secret-0123456789";
     assert_eq!(acquire_on(&server, NEWCOMER, "jobs:a").await.status(), 401);
 
@@ -358,7 +371,10 @@ async fn sighup_reloads_the_auth_file_and_a_bad_file_keeps_the_old_tokens() {
     assert!(line.contains("ERROR"), "{line}");
     assert!(server.is_running());
     assert_eq!(acquire_on(&server, NEWCOMER, "jobs:b").await.status(), 200);
-    assert_eq!(acquire_on(&server, BILLING, "billing:b").await.status(), 200);
+    assert_eq!(
+        acquire_on(&server, BILLING, "billing:b").await.status(),
+        200
+    );
     // Secrets never reach the log; the token's name goes with each lease event.
     assert!(!log.contains(BILLING) && !log.contains(NEWCOMER), "{log}");
     server.assert_logged("billing-workers");
@@ -370,22 +386,36 @@ fn a_bad_auth_file_stops_startup_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("auth.toml");
     let cases = [
-        (auth_file().replace("\"read\"]\n\"", "\"write\"]\n\""), "write"),
-        (auth_file().replace("max_leases = 2", "max_leases = 0"), "max_leases"),
+        (
+            auth_file().replace("\"lock\", \"read\"", "\"lock\", \"write\""),
+            "write",
+        ),
+        (
+            auth_file().replace("max_leases = 2", "max_leases = 0"),
+            "max_leases",
+        ),
         (auth_file().replace("[\"billing:\"]", "[]"), "prefixes"),
         ("[[tokens]\n".to_owned(), "auth file"),
     ];
     for (text, word) in cases {
         std::fs::write(&path, &text).unwrap();
         let output = command(None, dir.path())
-            .args(["--bind", "127.0.0.1:0", "--auth-file", path.to_str().unwrap()])
+            .args([
+                "--bind",
+                "127.0.0.1:0",
+                "--auth-file",
+                path.to_str().unwrap(),
+            ])
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
         assert!(!output.status.success(), "{text}");
         assert_eq!(lines.len(), 1, "{stderr}");
-        assert!(lines[0].starts_with("fencelock: ") && lines[0].contains(word), "{stderr}");
+        assert!(
+            lines[0].starts_with("fencelock: ") && lines[0].contains(word),
+            "{stderr}"
+        );
     }
     let output = command(None, dir.path())
         .args(["--auth-file", "/nonexistent/auth.toml"])
@@ -417,11 +447,16 @@ fn no_auth_on_a_public_address_needs_allow_unauthenticated() {
         dir.path(),
         &["--bind", "0.0.0.0:0", "--allow-unauthenticated"],
     );
-    let log = server.log_text();
-    let warning = log
-        .lines()
-        .find(|l| l.contains("without authentication"))
-        .unwrap_or_else(|| panic!("no warning: {log}"));
+    // The warning follows the line `start_with` waits for.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let warning = loop {
+        let log = server.log_text();
+        if let Some(line) = log.lines().find(|l| l.contains("without authentication")) {
+            break line.to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "no warning: {log}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert!(warning.contains("WARN"), "{warning}");
 }
 
@@ -451,7 +486,8 @@ async fn token_new_prints_a_secret_and_a_block_that_lets_it_in() {
 
     let path = dir.path().join("auth.toml");
     std::fs::write(&path, block).unwrap();
-    let server = ServerProcess::start_with(None, dir.path(), &["--auth-file", path.to_str().unwrap()]);
+    let server =
+        ServerProcess::start_with(None, dir.path(), &["--auth-file", path.to_str().unwrap()]);
     assert_eq!(acquire_on(&server, secret, "anything").await.status(), 200);
     assert_eq!(acquire_on(&server, "guess", "anything").await.status(), 401);
     assert!(!server.log_text().contains(secret));
@@ -472,8 +508,17 @@ async fn the_client_sends_its_bearer_token() {
     client.acquire("billing:c", "o", ttl).await.unwrap();
     assert!(client.inspect("billing:c").await.unwrap().is_some());
     let refused = client.acquire("report:c", "o", ttl).await.unwrap_err();
-    assert!(matches!(refused, Error::Rejected { status: 403, .. }), "{refused:?}");
-    let anonymous = Client::builder(app.address.clone()).no_proxy().build().unwrap();
+    assert!(
+        matches!(refused, Error::Rejected { status: 403, .. }),
+        "{refused:?}"
+    );
+    let anonymous = Client::builder(app.address.clone())
+        .no_proxy()
+        .build()
+        .unwrap();
     let refused = anonymous.acquire("billing:d", "o", ttl).await.unwrap_err();
-    assert!(matches!(refused, Error::Rejected { status: 401, .. }), "{refused:?}");
+    assert!(
+        matches!(refused, Error::Rejected { status: 401, .. }),
+        "{refused:?}"
+    );
 }

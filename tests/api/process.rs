@@ -63,10 +63,16 @@ impl ServerProcess {
         Self::start_with(database_url, cwd, &[])
     }
 
-    /// [`Self::start`] with more arguments; a later `--bind` wins over the loopback default.
+    /// [`Self::start`] with more arguments; a `--bind` among them replaces the loopback one.
     pub fn start_with(database_url: Option<&str>, cwd: &Path, args: &[&str]) -> Self {
+        let bind: &[&str] = if args.contains(&"--bind") {
+            &[]
+        } else {
+            &["--bind", "127.0.0.1:0"]
+        };
         let mut child = command(database_url, cwd)
-            .args(["--bind", "127.0.0.1:0", "--log-format", "json"])
+            .args(bind)
+            .args(["--log-format", "json"])
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
