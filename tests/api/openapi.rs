@@ -13,9 +13,14 @@ use crate::helpers::{StoreKind, TestApp, TestDb};
 /// `408` (a head too slow) and `431` (a head too large).
 const HTTP_LAYER: [u16; 3] = [400, 408, 431];
 
-/// What each operation can answer, per the contract, beyond [`HTTP_LAYER`].
+/// What each operation can answer, per the contract, beyond [`HTTP_LAYER`]; every lock
+/// operation also [`AUTH`].
 const OPERATIONS: [(&str, &str, &[u16]); 9] = [
-    ("POST", "/locks/{resource}", &[200, 413, 415, 422, 500, 503]),
+    (
+        "POST",
+        "/locks/{resource}",
+        &[200, 413, 415, 422, 429, 500, 503],
+    ),
     ("GET", "/locks/{resource}", &[200, 404, 422, 500, 503]),
     (
         "DELETE",
@@ -38,14 +43,18 @@ const OPERATIONS: [(&str, &str, &[u16]); 9] = [
     ("GET", "/openapi.json", &[200]),
 ];
 
+/// With `--auth-file`: no or an unknown token, and a token outside its scope.
+const AUTH: [u16; 2] = [401, 403];
+
 /// Documented, and served once the metrics work is merged; until then `404`.
 const NOT_YET_SERVED: &[&str] = &[];
 
 fn expected() -> BTreeMap<String, BTreeSet<u16>> {
     let mut all = BTreeMap::new();
     for (method, path, statuses) in OPERATIONS {
-        let statuses: BTreeSet<u16> = statuses.iter().chain(&HTTP_LAYER).copied().collect();
+        let mut statuses: BTreeSet<u16> = statuses.iter().chain(&HTTP_LAYER).copied().collect();
         if path.starts_with("/locks") {
+            statuses.extend(AUTH);
             all.insert(format!("{method} /v1{path}"), statuses.clone());
         }
         all.insert(format!("{method} {path}"), statuses);
@@ -73,6 +82,24 @@ async fn the_document_lists_every_operation_and_status(kind: StoreKind) {
     );
     let unavailable = &document["paths"]["/locks/{resource}"]["post"]["responses"]["503"];
     assert!(unavailable["headers"]["Retry-After"]["schema"].is_object());
+    assert_eq!(
+        slugs(&document, "/locks/{resource}", "DELETE", 403),
+        ["forbidden-scope", "forbidden"]
+    );
+    assert_eq!(
+        slugs(&document, "/v1/locks/{resource}", "POST", 429),
+        ["quota-exceeded"]
+    );
+    let unauthorized = &document["paths"]["/locks/{resource}"]["get"]["responses"]["401"];
+    assert!(unauthorized["headers"]["WWW-Authenticate"]["schema"].is_object());
+    assert_eq!(
+        document["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+    assert_eq!(
+        document["paths"]["/v1/locks/{resource}/renew"]["post"]["security"],
+        serde_json::json!([{ "bearer": [] }, {}])
+    );
 }
 
 async fn the_server_serves_exactly_the_document(kind: StoreKind) {
