@@ -14,6 +14,7 @@ use crate::http::{self, body::RequestTimeout};
 use crate::metrics::{self, Registry, label};
 use crate::routes::metrics::LeaseMetrics;
 use crate::routes::{self, AppState};
+use crate::store::chore::Chore;
 use crate::store::live::LiveLeases;
 use crate::store::metered::{Metered, StoreMetrics};
 use crate::store::purge::Purge;
@@ -71,8 +72,8 @@ pub struct Application {
     port: u16,
     server: Server,
     store: SharedStore,
-    purge: Purge,
-    live: LiveLeases,
+    purge: Chore,
+    live: Chore,
 }
 
 impl Application {
