@@ -13,6 +13,13 @@
 //! | `--request-timeout-ms` | `FENCELOCK_REQUEST_TIMEOUT_MS` | `10000` |
 //! | `--max-connections` | `FENCELOCK_MAX_CONNECTIONS` | the open-file limit less a reserve |
 //! | `--live-leases-interval-seconds` | `FENCELOCK_LIVE_LEASES_INTERVAL_SECONDS` | `10` (1 to 15) |
+//! | `--tls-cert` | `FENCELOCK_TLS_CERT` | unset: plain HTTP |
+//! | `--tls-key` | `FENCELOCK_TLS_KEY` | unset: plain HTTP |
+//!
+//! `--tls-cert` and `--tls-key` go together: both serve HTTPS only (TLS 1.2 and 1.3), with
+//! the PEM certificate chain and private key they name (see [`crate::tls`]); one alone is
+//! refused at start. TLS to PostgreSQL is set in `DATABASE_URL` (`sslmode`, `sslrootcert`;
+//! see [`crate::store::postgres::tls`]).
 //!
 //! `--live-leases-interval-seconds` is how often the live leases are counted for the
 //! `fencelock_live_leases` gauge of `GET /metrics`; at most 15, as API.md promises.
@@ -21,6 +28,8 @@
 //! that names the setting, before anything is opened.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -162,6 +171,15 @@ pub struct ServerArgs {
         global = true
     )]
     pub live_leases_interval_seconds: u64,
+
+    /// Serve HTTPS with this PEM certificate chain (the server's certificate first); needs
+    /// `--tls-key`.
+    #[arg(long, env = "FENCELOCK_TLS_CERT", value_name = "PEM", global = true)]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long, env = "FENCELOCK_TLS_KEY", value_name = "PEM", global = true)]
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -206,6 +224,8 @@ pub struct Settings {
     pub max_connections: Option<u64>,
     /// How often the `fencelock_live_leases` gauge is sampled.
     pub live_leases_interval: Duration,
+    /// `Some`: serve HTTPS with this configuration (read from `--tls-cert`/`--tls-key`).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Settings {
@@ -231,6 +251,13 @@ impl Settings {
             request_timeout: Duration::from_millis(args.request_timeout_ms),
             max_connections: args.max_connections,
             live_leases_interval: Duration::from_secs(args.live_leases_interval_seconds),
+            tls: match (&args.tls_cert, &args.tls_key) {
+                (Some(cert), Some(key)) => Some(Arc::new(crate::tls::server_config(cert, key)?)),
+                (None, None) => None,
+                _ => anyhow::bail!(
+                    "--tls-cert and --tls-key go together: give both to serve HTTPS, or neither"
+                ),
+            },
         })
     }
 
@@ -249,6 +276,7 @@ impl Settings {
             request_timeout: Duration::from_millis(DEFAULT_REQUEST_TIMEOUT_MS),
             max_connections: None,
             live_leases_interval: Duration::from_secs(DEFAULT_LIVE_LEASES_INTERVAL_SECONDS),
+            tls: None,
         }
     }
 }

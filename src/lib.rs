@@ -20,8 +20,8 @@
 //!    (`Fencing-Token`, the atomic fence check for PostgreSQL and SQLite).
 //! 5. [`routes`] (on all of the above): the lease server's handlers: parse, ask the store,
 //!    render.
-//! 6. [`config`], [`startup`], [`shutdown`], [`telemetry`]: the server process: settings,
-//!    the app built the same way by `main` and the tests, signals, logging.
+//! 6. [`config`], [`startup`], [`shutdown`], [`telemetry`], [`tls`]: the server process:
+//!    settings, the app built the same way by `main` and the tests, signals, logging, HTTPS.
 //!
 //! [`client`] stands apart: the worker client (acquire/renew/release/inspect, bounded retry,
 //! a self-renewing `Lease`) on [`domain`] alone.
@@ -58,3 +58,5 @@ pub mod startup;
 pub mod store;
 #[cfg(feature = "server")]
 pub mod telemetry;
+#[cfg(feature = "server")]
+pub mod tls;

@@ -7,6 +7,7 @@ use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
+use rustls::ServerConfig;
 
 use crate::config::Settings;
 use crate::http::metrics::HttpMetrics;
@@ -115,6 +116,7 @@ impl Application {
         tracing::info!(
             store = %store.describe(),
             address = %listener.local_addr()?,
+            tls = settings.tls.is_some(),
             max_connections = workers * per_worker,
             "fencelock serving"
         );
@@ -152,8 +154,13 @@ impl Application {
         // of actix's default second: a slow client is cut off close to the request timeout.
         .client_disconnect_timeout(DISCONNECT_LINGER)
         .workers(workers)
-        .max_connections(per_worker)
-        .listen(listener)?
+        .max_connections(per_worker);
+        // Over TLS the same limits apply; the handshake has actix's own bound (3 s), after
+        // which the head timer above starts.
+        let server = match &settings.tls {
+            Some(tls) => server.listen_rustls_0_23(listener, ServerConfig::clone(tls))?,
+            None => server.listen(listener)?,
+        }
         .run();
 
         let purge = Purge::start(store.clone(), settings.purge_grace, settings.purge_interval);

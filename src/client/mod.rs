@@ -116,13 +116,15 @@ pub struct Client {
     base: Arc<str>,
 }
 
-/// Builds a [`Client`]: base URL, timeouts, proxy use.
+/// Builds a [`Client`]: base URL, timeouts, proxy use, extra CA certificates.
 #[derive(Debug, Clone)]
 pub struct ClientBuilder {
     base_url: String,
     timeout: Duration,
     connect_timeout: Duration,
     use_proxy: bool,
+    /// PEM bundles of CA certificates trusted beside the built-in roots.
+    root_certificates: Vec<Vec<u8>>,
 }
 
 impl ClientBuilder {
@@ -146,8 +148,19 @@ impl ClientBuilder {
         self
     }
 
+    /// Also trusts the CA certificates in `pem` (one or more PEM `CERTIFICATE` blocks) for
+    /// an `https` server, beside the built-in web roots: for a server whose certificate was
+    /// issued by a private CA, or is self-signed (then `pem` is that certificate). The PEM is
+    /// read by [`ClientBuilder::build`], which fails with [`Error::Config`] if it holds no
+    /// certificate.
+    pub fn add_root_certificate_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificates.push(pem.into());
+        self
+    }
+
     /// Builds the client. Fails with [`Error::Config`] if the base URL is not an absolute
-    /// `http`/`https` URL without query or fragment, or the HTTP stack cannot start.
+    /// `http`/`https` URL without query or fragment, a CA certificate is not PEM, or the
+    /// HTTP stack cannot start.
     pub fn build(self) -> Result<Client, Error> {
         let base = base_url(&self.base_url)?;
         let mut http = reqwest::Client::builder()
@@ -157,6 +170,18 @@ impl ClientBuilder {
             .redirect(reqwest::redirect::Policy::none());
         if !self.use_proxy {
             http = http.no_proxy();
+        }
+        for pem in &self.root_certificates {
+            let bundle = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| Error::Config(format!("CA certificate: {}", chain(&e))))?;
+            if bundle.is_empty() {
+                return Err(Error::Config(
+                    "CA certificate: no PEM certificate in it".to_owned(),
+                ));
+            }
+            for certificate in bundle {
+                http = http.add_root_certificate(certificate);
+            }
         }
         let http = http
             .build()
@@ -182,6 +207,7 @@ impl Client {
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             use_proxy: true,
+            root_certificates: Vec::new(),
         }
     }
 

@@ -47,6 +47,11 @@ impl TestApp {
 
     pub async fn spawn_with(db: Arc<TestDb>, settings: Settings) -> Self {
         init_logging();
+        let scheme = if settings.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let (ready, built) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {
@@ -68,7 +73,8 @@ impl TestApp {
             .expect("the server thread answers")
             .unwrap_or_else(|e| panic!("the server builds: {e:#}"));
         Self {
-            address: format!("http://127.0.0.1:{port}"),
+            // Over HTTPS, `client` trusts no test CA: TLS tests bring a client of their own.
+            address: format!("{scheme}://127.0.0.1:{port}"),
             client: client(),
             db,
             store,

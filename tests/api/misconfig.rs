@@ -42,7 +42,7 @@ fn check(url: &str) -> Output {
 
 /// The server started on `url` answers `503` to store work, names `cause` in `/readyz` and in
 /// one ERROR line, and `fencelock check` fails with `cause` in one line.
-async fn misconfiguration_is_named(url: &str, cause: &str) {
+pub(crate) async fn misconfiguration_is_named(url: &str, cause: &str) {
     let dir = tempfile::tempdir().unwrap();
     let server = ServerProcess::start(Some(url), dir.path());
     let client = client();

@@ -13,7 +13,7 @@ use crate::helpers::{RowLock, StoreKind, TTL, TestDb, client};
 
 /// Every setting: its flag and its environment variable, as `--help` must name them. Both
 /// are cleared for the tests' processes, so that a developer's shell cannot leak into them.
-const SETTINGS: [(&str, &str); 11] = [
+const SETTINGS: [(&str, &str); 13] = [
     ("--bind", "FENCELOCK_BIND"),
     ("--database-url", "DATABASE_URL"),
     ("--max-ttl-seconds", "FENCELOCK_MAX_TTL_SECONDS"),
@@ -31,6 +31,8 @@ const SETTINGS: [(&str, &str); 11] = [
         "--live-leases-interval-seconds",
         "FENCELOCK_LIVE_LEASES_INTERVAL_SECONDS",
     ),
+    ("--tls-cert", "FENCELOCK_TLS_CERT"),
+    ("--tls-key", "FENCELOCK_TLS_KEY"),
 ];
 
 pub fn command(database_url: Option<&str>, cwd: &Path) -> Command {
@@ -58,8 +60,20 @@ pub struct ServerProcess {
 
 impl ServerProcess {
     pub fn start(database_url: Option<&str>, cwd: &Path) -> Self {
+        Self::start_with(database_url, cwd, &[])
+    }
+
+    /// Like [`ServerProcess::start`], with more arguments; with `--tls-cert` the address is
+    /// an `https` one.
+    pub fn start_with(database_url: Option<&str>, cwd: &Path, args: &[&str]) -> Self {
+        let scheme = if args.contains(&"--tls-cert") {
+            "https"
+        } else {
+            "http"
+        };
         let mut child = command(database_url, cwd)
             .args(["--bind", "127.0.0.1:0", "--log-format", "json"])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -89,7 +103,7 @@ impl ServerProcess {
             .unwrap_or_else(|_| panic!("the server did not start; log: {:?}", log.lock().unwrap()));
         Self {
             child,
-            address: format!("http://{address}"),
+            address: format!("{scheme}://{address}"),
             log,
             close_log,
         }
