@@ -13,20 +13,28 @@
 //! | `--request-timeout-ms` | `FENCELOCK_REQUEST_TIMEOUT_MS` | `10000` |
 //! | `--max-connections` | `FENCELOCK_MAX_CONNECTIONS` | the open-file limit less a reserve |
 //! | `--live-leases-interval-seconds` | `FENCELOCK_LIVE_LEASES_INTERVAL_SECONDS` | `10` (1 to 15) |
+//! | `--fence-key` | `FENCELOCK_FENCE_KEY` | unset: no `fence_token` |
 //!
 //! `--live-leases-interval-seconds` is how often the live leases are counted for the
 //! `fencelock_live_leases` gauge of `GET /metrics`; at most 15, as API.md promises.
+//!
+//! `--fence-key FILE` names a file of at least 32 secret bytes (`head -c 32 /dev/urandom >
+//! fence.key`); with it, every lock object given to its holder carries a `fence_token`
+//! signed with it (see [`crate::domain::fence_token`]). A file that is missing, unreadable
+//! or too short stops start-up.
 //!
 //! Everything is parsed into typed values here, so a bad value stops start-up with one line
 //! that names the setting, before anything is opened.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::domain::Ttl;
 use crate::domain::ttl::{DEFAULT_MAX_TTL_SECONDS, TTL_CEILING_SECONDS};
+use crate::domain::{FenceKey, Ttl};
 pub use crate::store::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
 use crate::store::{StoreConfig, StoreOptions};
 
@@ -162,6 +170,11 @@ pub struct ServerArgs {
         global = true
     )]
     pub live_leases_interval_seconds: u64,
+
+    /// A file of at least 32 secret bytes that signs every fence given to a holder: lock
+    /// objects then carry `fence_token`, which guards with the same key require.
+    #[arg(long, env = "FENCELOCK_FENCE_KEY", value_name = "FILE", global = true)]
+    pub fence_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -206,6 +219,8 @@ pub struct Settings {
     pub max_connections: Option<u64>,
     /// How often the `fencelock_live_leases` gauge is sampled.
     pub live_leases_interval: Duration,
+    /// Signs the `fence_token` of lock objects; `None`: no `fence_token`.
+    pub fence_key: Option<FenceKey>,
 }
 
 impl Settings {
@@ -231,6 +246,10 @@ impl Settings {
             request_timeout: Duration::from_millis(args.request_timeout_ms),
             max_connections: args.max_connections,
             live_leases_interval: Duration::from_secs(args.live_leases_interval_seconds),
+            fence_key: match &args.fence_key {
+                Some(path) => Some(FenceKey::read(path).context("--fence-key")?),
+                None => None,
+            },
         })
     }
 
@@ -249,6 +268,7 @@ impl Settings {
             request_timeout: Duration::from_millis(DEFAULT_REQUEST_TIMEOUT_MS),
             max_connections: None,
             live_leases_interval: Duration::from_secs(DEFAULT_LIVE_LEASES_INTERVAL_SECONDS),
+            fence_key: None,
         }
     }
 }

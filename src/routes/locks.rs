@@ -6,12 +6,13 @@ use serde::Serialize;
 
 use super::{AppState, openapi, parse};
 use crate::domain::{
-    AcquireOutcome, Acquisition, Fence, Lease, ReleaseOutcome, RenewOutcome, ResourceName,
+    AcquireOutcome, Acquisition, Fence, FenceKey, Lease, ReleaseOutcome, RenewOutcome, ResourceName,
 };
 use crate::http::ApiError;
 use crate::http::body::JsonObject;
 
-/// A lease as clients see it. `owner` is shown only to the request that presented it.
+/// A lease as clients see it. `owner` and `fence_token` are shown only to the request that
+/// presented the owner: the token is a right to write, as good as the lease itself.
 #[derive(Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = Lock)]
@@ -25,6 +26,12 @@ pub(super) struct LockView<'a> {
     /// The lease's fencing token: greater than every fence issued before it.
     #[schema(value_type = i64, minimum = 1, maximum = 9_007_199_254_740_991_i64)]
     fence: Fence,
+    /// Only when the server has a fence key: `<fence>.<signature>`, the fence signed for
+    /// this resource. Send it as `Fencing-Token` to guards that hold the same key; they
+    /// refuse bare fences. Shown only to the holder.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String, required = false, pattern = r"^[1-9][0-9]*\.[A-Za-z0-9_-]{43}$")]
+    fence_token: Option<String>,
     /// RFC 3339 UTC, millisecond precision.
     #[schema(format = DateTime)]
     acquired_at: String,
@@ -37,9 +44,11 @@ pub(super) struct LockView<'a> {
 }
 
 impl<'a> LockView<'a> {
-    fn with_owner(lease: &'a Lease) -> Self {
+    /// The holder's view: with its owner, and its `fence_token` when `key` signs fences.
+    fn with_owner(lease: &'a Lease, key: Option<&FenceKey>) -> Self {
         Self {
             owner: Some(lease.owner.as_str()),
+            fence_token: key.map(|key| key.sign(lease.resource.as_str(), lease.fence)),
             ..Self::without_owner(lease)
         }
     }
@@ -49,6 +58,7 @@ impl<'a> LockView<'a> {
             resource: lease.resource.as_str(),
             owner: None,
             fence: lease.fence,
+            fence_token: None,
             acquired_at: rfc3339_millis(lease.acquired_at),
             expires_at: rfc3339_millis(lease.expires_at),
             expires_in_ms: lease.expires_in_ms(),
@@ -111,7 +121,7 @@ pub async fn acquire(
             );
             AcquireResponse::Acquired {
                 acquired: true,
-                lock: LockView::with_owner(lease),
+                lock: LockView::with_owner(lease, state.fence_key.as_ref()),
             }
         }
         AcquireOutcome::Held => {
@@ -176,7 +186,7 @@ pub async fn renew(
                 "lease renewed"
             );
             Ok(HttpResponse::Ok().json(RenewResponse {
-                lock: LockView::with_owner(&lease),
+                lock: LockView::with_owner(&lease, state.fence_key.as_ref()),
             }))
         }
         RenewOutcome::NotFound => Err(ApiError::NotFound(format!(

@@ -191,16 +191,18 @@ pub struct ReleaseBody {
     fence: Option<i64>,
 }
 
-/// The live lease as inspect shows it: a lock without its `owner`, which only the holder
-/// sees.
+/// The live lease as inspect shows it: a lock without its `owner` and `fence_token`, which
+/// only the holder sees.
 pub struct LiveLease;
 
 impl utoipa::PartialSchema for LiveLease {
     fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
         let mut schema = <locks::LockView<'_> as utoipa::PartialSchema>::schema();
         if let RefOr::T(utoipa::openapi::schema::Schema::Object(object)) = &mut schema {
-            object.properties.remove("owner");
-            object.required.retain(|field| field != "owner");
+            for holder_only in ["owner", "fence_token"] {
+                object.properties.remove(holder_only);
+                object.required.retain(|field| field != holder_only);
+            }
         }
         schema
     }

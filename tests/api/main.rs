@@ -30,3 +30,4 @@ mod readme;
 mod release;
 mod renew;
 mod restart;
+mod signed_fences;
