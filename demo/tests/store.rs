@@ -546,7 +546,10 @@ async fn bad_page_parameters_are_422(kind: StoreKind) {
 /// What each operation of the demo store can answer, beyond the HTTP layer's own refusals
 /// (`400`, `408`, `431`), which every operation documents.
 const OPERATIONS: [(&str, &[u16]); 5] = [
-    ("PUT /docs/{key}", &[200, 409, 413, 415, 422, 428, 500, 503]),
+    (
+        "PUT /docs/{key}",
+        &[200, 403, 409, 413, 415, 422, 428, 500, 503],
+    ),
     ("GET /docs/{key}", &[200, 404, 422, 500, 503]),
     ("GET /docs/{key}/writes", &[200, 422, 500, 503]),
     ("GET /metrics", &[200]),
@@ -574,6 +577,10 @@ async fn the_document_matches_the_store(kind: StoreKind) {
     assert_eq!(
         slugs(&document, "/docs/{key}", "PUT", 428),
         ["fencing-token-required"]
+    );
+    assert_eq!(
+        slugs(&document, "/docs/{key}", "PUT", 403),
+        ["invalid-fence-token"]
     );
     assert_served_as_documented(
         &store.address,

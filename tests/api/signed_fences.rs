@@ -74,6 +74,7 @@ async fn without_a_key_there_is_no_fence_token(kind: StoreKind) {
 contract!(
     holders_get_a_fence_token_that_verifies,
     without_a_key_there_is_no_fence_token,
+    the_document_shows_fence_token_as_optional,
 );
 
 /// A key file that is missing, empty or shorter than 32 bytes stops start-up with one line
@@ -100,4 +101,31 @@ fn a_bad_key_file_stops_startup_with_one_line() {
         let name = file.file_name().unwrap().to_str().unwrap();
         assert!(lines[0].contains(name), "{stderr}");
     }
+}
+
+/// The lock object's schema documents `fence_token` as an optional string; the live lease's
+/// has none.
+async fn the_document_shows_fence_token_as_optional(kind: StoreKind) {
+    let app = signed_app(kind, &key()).await;
+    let document: Value = app.get("/openapi.json").await.json().await.unwrap();
+    let schemas = &document["components"]["schemas"];
+    let lock = &schemas["Lock"];
+    assert_eq!(
+        lock["properties"]["fence_token"]["type"], "string",
+        "{lock}"
+    );
+    let required = lock["required"].as_array().unwrap();
+    assert!(!required.contains(&json!("fence_token")), "{lock}");
+    let live = &schemas["LiveLease"];
+    assert!(live["properties"].get("fence_token").is_none(), "{live}");
+    // A live answer matches the pattern the document gives.
+    let pattern = lock["properties"]["fence_token"]["pattern"]
+        .as_str()
+        .unwrap();
+    let lock = app.acquire_ok("job:1", "a", TTL).await;
+    let token = lock["fence_token"].as_str().unwrap();
+    assert!(
+        regex_lite::Regex::new(pattern).unwrap().is_match(token),
+        "{pattern} {token}"
+    );
 }
