@@ -113,6 +113,9 @@ pub mod label {
         pub const ERROR: &str = "error";
         pub const ADMITTED: &str = "admitted";
         pub const STALE: &str = "stale";
+        /// The guard refused the write's `Fencing-Token`: not signed by its keys for the key
+        /// written (`403 invalid-fence-token`).
+        pub const INVALID_TOKEN: &str = "invalid_token";
     }
 
     /// `op` of `fencelock_store_seconds`: one per store operation.

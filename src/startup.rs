@@ -126,6 +126,7 @@ impl Application {
             max_ttl: settings.max_ttl,
             store_timeout: settings.store_timeout,
             metrics: lease_metrics,
+            fence_key: settings.fence_key.clone(),
         });
         let request_timeout = settings.request_timeout;
         http::install_refusal_renderer();

@@ -3,6 +3,8 @@
 use std::process::{Command, Output};
 
 use fencelock::config::Settings;
+use fencelock::domain::FenceKeys;
+use fencelock::guard::{Guard, GuardMetrics};
 use fencelock::metrics::Registry;
 use fencelock::startup::Application;
 use fencelock::store::StoreOptions;
@@ -36,6 +38,44 @@ fn guarded_story_rejects_the_late_write() {
         "{stdout}"
     );
     assert!(stdout.contains("B's complete report"), "{stdout}");
+}
+
+/// With a fence key on both the lease server and the store, the workers write with signed
+/// tokens, and the late write is still rejected as stale, not as forged.
+#[test]
+fn signed_story_rejects_the_late_write_as_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("fence.key");
+    std::fs::write(
+        &key,
+        (0..32).map(|_| rand::random::<u8>()).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let output = story(&["--ttl-seconds", "1", "--fence-key", key.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("fences:       signed"), "{stdout}");
+    assert!(stdout.contains("REJECTED (409 stale-fence"), "{stdout}");
+    assert!(!stdout.contains("invalid-fence-token"), "{stdout}");
+    assert!(
+        stdout.contains("OK: the late write from paused worker A"),
+        "{stdout}"
+    );
+
+    // A key file too short stops the story before it starts, in one line.
+    std::fs::write(&key, [1; 8]).unwrap();
+    let output = story(&["--fence-key", key.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.trim().starts_with("fencelock-demo: --fence-key"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }
 
 /// Without the guard, the story still runs (exit 0) and says plainly that the data is wrong.
@@ -88,12 +128,14 @@ fn story_runs_against_running_services() {
             let lease_server = Application::build(settings).await.unwrap();
             let settings = StoreOptions::default();
             let registry = Registry::new();
-            let docs = docs::open(Some(&docs_url), Guarding::On, settings, &registry)
+            let guard = Guard::new(FenceKeys::default(), GuardMetrics::register(&registry));
+            let docs = docs::open(Some(&docs_url), Guarding::On, settings, &guard)
                 .await
                 .unwrap();
             let store = DemoServer::build(
                 "127.0.0.1:0".parse().unwrap(),
                 docs,
+                guard,
                 settings.timeout,
                 registry,
             )

@@ -69,6 +69,10 @@ pub struct LockInfo {
     /// The fencing token: send it with every write the lease protects. Greater than every
     /// fence issued by the same store before this acquisition.
     pub fence: i64,
+    /// The fence signed for this resource, when the server has a fence key: send it as
+    /// `Fencing-Token` in place of the bare fence (guards with the key refuse bare fences).
+    #[serde(default)]
+    pub fence_token: Option<String>,
     /// When this lease was acquired, by the store's clock.
     pub acquired_at: DateTime<Utc>,
     /// When this lease expires, by the store's clock. Do not compare it with the local

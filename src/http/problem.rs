@@ -54,6 +54,10 @@ pub enum ApiError {
     },
     #[error("{0}")]
     FencingTokenRequired(String),
+    /// The guard has keys, and the `Fencing-Token` is not a token one of them signed for the
+    /// key written: forged, of another resource, or a bare fence.
+    #[error("{0}")]
+    InvalidFenceToken(String),
     #[error("the request body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
     #[error("{0}")]
@@ -87,6 +91,7 @@ impl ApiError {
         match self {
             Self::Malformed(_) => (StatusCode::BAD_REQUEST, "malformed-request"),
             Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            Self::InvalidFenceToken(_) => (StatusCode::FORBIDDEN, "invalid-fence-token"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not-found"),
             Self::MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
             Self::LeaseExpired(_) => (StatusCode::CONFLICT, "lease-expired"),
@@ -257,6 +262,11 @@ mod tests {
         let cases: Vec<(ApiError, u16, &str)> = vec![
             (ApiError::Malformed("x".into()), 400, "malformed-request"),
             (ApiError::Forbidden("x".into()), 403, "forbidden"),
+            (
+                ApiError::InvalidFenceToken("x".into()),
+                403,
+                "invalid-fence-token",
+            ),
             (ApiError::NotFound("x".into()), 404, "not-found"),
             (
                 ApiError::MethodNotAllowed {

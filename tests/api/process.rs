@@ -13,7 +13,7 @@ use crate::helpers::{RowLock, StoreKind, TTL, TestDb, client};
 
 /// Every setting: its flag and its environment variable, as `--help` must name them. Both
 /// are cleared for the tests' processes, so that a developer's shell cannot leak into them.
-const SETTINGS: [(&str, &str); 13] = [
+const SETTINGS: [(&str, &str); 14] = [
     ("--bind", "FENCELOCK_BIND"),
     ("--database-url", "DATABASE_URL"),
     ("--max-ttl-seconds", "FENCELOCK_MAX_TTL_SECONDS"),
@@ -33,6 +33,7 @@ const SETTINGS: [(&str, &str); 13] = [
     ),
     ("--tls-cert", "FENCELOCK_TLS_CERT"),
     ("--tls-key", "FENCELOCK_TLS_KEY"),
+    ("--fence-key", "FENCELOCK_FENCE_KEY"),
 ];
 
 pub fn command(database_url: Option<&str>, cwd: &Path) -> Command {
