@@ -8,7 +8,7 @@ use fencelock::startup::Application;
 use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
 use fencelock_demo::docs::{self, Guarding};
-use fencelock_testkit::TestDb;
+use fencelock_testkit::{TestDb, assert_succeeded};
 
 fn story(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fencelock-demo"))
@@ -23,12 +23,7 @@ fn story(args: &[&str]) -> Output {
 #[test]
 fn guarded_story_rejects_the_late_write() {
     let output = story(&["--ttl-seconds", "1"]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = assert_succeeded(&output, "guarded story");
     assert!(stdout.contains("A's late write with fence"), "{stdout}");
     assert!(stdout.contains("REJECTED (409 stale-fence"), "{stdout}");
     assert!(
@@ -42,8 +37,7 @@ fn guarded_story_rejects_the_late_write() {
 #[test]
 fn unguarded_story_shows_the_overwrite() {
     let output = story(&["--ttl-seconds", "1", "--no-guard"]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
+    let stdout = assert_succeeded(&output, "unguarded story");
     assert!(stdout.contains("THE DATA IS NOW WRONG"), "{stdout}");
     assert!(stdout.contains("A's report, part 2 (late)"), "{stdout}");
     assert!(!stdout.contains("REJECTED"), "{stdout}");
@@ -119,8 +113,7 @@ fn story_runs_against_running_services() {
         "--store-url",
         &store_url,
     ]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
+    let stdout = assert_succeeded(&output, "story against running services");
     assert!(
         stdout.contains(&format!("lease server: {lease_url}")),
         "{stdout}"
@@ -138,9 +131,8 @@ fn story_runs_against_running_services() {
         "--store-url",
         &store_url,
     ]);
-    let stdout = String::from_utf8_lossy(&unguarded.stdout);
+    let stdout = assert_succeeded(&unguarded, "unguarded story");
     let stderr = String::from_utf8_lossy(&unguarded.stderr);
-    assert!(unguarded.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("No damage this time"), "{stdout}");
     assert!(
         stdout.contains("fencelock-demo store --no-guard"),

@@ -14,7 +14,7 @@ use rcgen::{
 use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::helpers::{StoreKind, TTL, TestApp, TestDb, admin, postgres_addr};
+use crate::helpers::{StoreKind, TTL, TestApp, TestDb, admin, assert_succeeded, postgres_addr};
 use crate::misconfig::misconfiguration_is_named;
 use crate::process::{ServerProcess, command};
 
@@ -247,11 +247,7 @@ async fn curl_reaches_the_binary_over_https() {
         eprintln!("curl is not installed: the curl check is skipped");
         return;
     };
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_succeeded(&output, "curl");
     let body: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(body["status"], "ok", "{body}");
     server.assert_logged(r#""tls":true"#);
