@@ -1,13 +1,14 @@
 //! The paused-worker story, run as a user runs it: the real binary, its exit code, its output.
 
+mod common;
+
 use std::process::{Command, Output};
 
+use common::demo_server;
 use fencelock::config::Settings;
-use fencelock::metrics::Registry;
 use fencelock::startup::Application;
 use fencelock::store::StoreOptions;
-use fencelock_demo::app::DemoServer;
-use fencelock_demo::docs::{self, Guarding};
+use fencelock_demo::docs::Guarding;
 use fencelock_testkit::{TestDb, assert_succeeded};
 
 fn story(args: &[&str]) -> Output {
@@ -80,18 +81,7 @@ fn story_runs_against_running_services() {
             let mut settings = Settings::for_store(lease_config);
             settings.bind = "127.0.0.1:0".parse().unwrap();
             let lease_server = Application::build(settings).await.unwrap();
-            let settings = StoreOptions::default();
-            let registry = Registry::new();
-            let docs = docs::open(Some(&docs_url), Guarding::On, settings, &registry)
-                .await
-                .unwrap();
-            let store = DemoServer::build(
-                "127.0.0.1:0".parse().unwrap(),
-                docs,
-                settings.timeout,
-                registry,
-            )
-            .unwrap();
+            let store = demo_server(&docs_url, Guarding::On, StoreOptions::default()).await;
             ready
                 .send((
                     format!("http://127.0.0.1:{}", lease_server.port()),

@@ -1,13 +1,14 @@
 //! The demo store over real HTTP, on PostgreSQL and SQLite: the write guard's rules.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fencelock::metrics::Registry;
+use common::demo_server;
 use fencelock::store::StoreOptions;
-use fencelock_demo::app::DemoServer;
-use fencelock_demo::docs::{self, Guarding};
+use fencelock_demo::docs::Guarding;
 use fencelock_testkit::{
     Exposition, Proxy, RawResponse, StoreKind, TestDb, assert_raw_problem, contract_stores,
     postgres_addr, raw_exchange,
@@ -42,17 +43,7 @@ impl TestStore {
         let (ready, built) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {
-                let registry = Registry::new();
-                let docs = docs::open(Some(&url), guarding, settings, &registry)
-                    .await
-                    .expect("store opens");
-                let server = DemoServer::build(
-                    "127.0.0.1:0".parse().unwrap(),
-                    docs,
-                    settings.timeout,
-                    registry,
-                )
-                .unwrap();
+                let server = demo_server(&url, guarding, settings).await;
                 let _ = ready.send((server.port(), server.handle()));
                 let _ = server.run_until_stopped().await;
             });
