@@ -1,16 +1,16 @@
 //! The paused-worker story, run as a user runs it: the real binary, its exit code, its output.
 
+mod common;
+
 use std::process::{Command, Output};
 
+use common::demo_server;
 use fencelock::config::Settings;
 use fencelock::domain::FenceKeys;
-use fencelock::guard::{Guard, GuardMetrics};
-use fencelock::metrics::Registry;
 use fencelock::startup::Application;
 use fencelock::store::StoreOptions;
-use fencelock_demo::app::DemoServer;
-use fencelock_demo::docs::{self, Guarding};
-use fencelock_testkit::TestDb;
+use fencelock_demo::docs::Guarding;
+use fencelock_testkit::{TestDb, assert_succeeded};
 
 fn story(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fencelock-demo"))
@@ -25,12 +25,7 @@ fn story(args: &[&str]) -> Output {
 #[test]
 fn guarded_story_rejects_the_late_write() {
     let output = story(&["--ttl-seconds", "1"]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = assert_succeeded(&output, "guarded story");
     assert!(stdout.contains("A's late write with fence"), "{stdout}");
     assert!(stdout.contains("REJECTED (409 stale-fence"), "{stdout}");
     assert!(
@@ -82,8 +77,7 @@ fn signed_story_rejects_the_late_write_as_stale() {
 #[test]
 fn unguarded_story_shows_the_overwrite() {
     let output = story(&["--ttl-seconds", "1", "--no-guard"]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
+    let stdout = assert_succeeded(&output, "unguarded story");
     assert!(stdout.contains("THE DATA IS NOW WRONG"), "{stdout}");
     assert!(stdout.contains("A's report, part 2 (late)"), "{stdout}");
     assert!(!stdout.contains("REJECTED"), "{stdout}");
@@ -126,20 +120,13 @@ fn story_runs_against_running_services() {
             let mut settings = Settings::for_store(lease_config);
             settings.bind = "127.0.0.1:0".parse().unwrap();
             let lease_server = Application::build(settings).await.unwrap();
-            let settings = StoreOptions::default();
-            let registry = Registry::new();
-            let guard = Guard::new(FenceKeys::default(), GuardMetrics::register(&registry));
-            let docs = docs::open(Some(&docs_url), Guarding::On, settings, &guard)
-                .await
-                .unwrap();
-            let store = DemoServer::build(
-                "127.0.0.1:0".parse().unwrap(),
-                docs,
-                guard,
-                settings.timeout,
-                registry,
+            let store = demo_server(
+                &docs_url,
+                Guarding::On,
+                StoreOptions::default(),
+                FenceKeys::default(),
             )
-            .unwrap();
+            .await;
             ready
                 .send((
                     format!("http://127.0.0.1:{}", lease_server.port()),
@@ -161,8 +148,7 @@ fn story_runs_against_running_services() {
         "--store-url",
         &store_url,
     ]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
+    let stdout = assert_succeeded(&output, "story against running services");
     assert!(
         stdout.contains(&format!("lease server: {lease_url}")),
         "{stdout}"
@@ -180,9 +166,8 @@ fn story_runs_against_running_services() {
         "--store-url",
         &store_url,
     ]);
-    let stdout = String::from_utf8_lossy(&unguarded.stdout);
+    let stdout = assert_succeeded(&unguarded, "unguarded story");
     let stderr = String::from_utf8_lossy(&unguarded.stderr);
-    assert!(unguarded.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("No damage this time"), "{stdout}");
     assert!(
         stdout.contains("fencelock-demo store --no-guard"),

@@ -1,16 +1,16 @@
 //! The demo store over real HTTP, on PostgreSQL and SQLite: the write guard's rules.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::demo_server;
 use fencelock::domain::Fence;
 use fencelock::domain::{FenceKey, FenceKeys};
-use fencelock::guard::{Guard, GuardMetrics};
-use fencelock::metrics::Registry;
 use fencelock::store::StoreOptions;
-use fencelock_demo::app::DemoServer;
-use fencelock_demo::docs::{self, Guarding};
+use fencelock_demo::docs::Guarding;
 use fencelock_testkit::{
     Exposition, Proxy, RawResponse, StoreKind, TestApp, TestDb, assert_raw_problem,
     contract_stores, postgres_addr, raw_exchange,
@@ -51,19 +51,7 @@ impl TestStore {
         let (ready, built) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {
-                let registry = Registry::new();
-                let guard = Guard::new(FenceKeys::new(keys), GuardMetrics::register(&registry));
-                let docs = docs::open(Some(&url), guarding, settings, &guard)
-                    .await
-                    .expect("store opens");
-                let server = DemoServer::build(
-                    "127.0.0.1:0".parse().unwrap(),
-                    docs,
-                    guard,
-                    settings.timeout,
-                    registry,
-                )
-                .unwrap();
+                let server = demo_server(&url, guarding, settings, FenceKeys::new(keys)).await;
                 let _ = ready.send((server.port(), server.handle()));
                 let _ = server.run_until_stopped().await;
             });

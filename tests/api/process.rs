@@ -124,6 +124,21 @@ impl ServerProcess {
         format!("{}{path}", self.address)
     }
 
+    /// `POST /locks/{resource}` by `owner` for [`TTL`] seconds.
+    pub async fn acquire(
+        &self,
+        client: &reqwest::Client,
+        resource: &str,
+        owner: &str,
+    ) -> reqwest::Response {
+        client
+            .post(self.url(&format!("/locks/{resource}")))
+            .json(&json!({ "owner": owner, "ttl_seconds": TTL }))
+            .send()
+            .await
+            .unwrap()
+    }
+
     pub fn log_text(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }

@@ -14,7 +14,7 @@ use rcgen::{
 use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::helpers::{StoreKind, TTL, TestApp, TestDb, admin, postgres_addr};
+use crate::helpers::{StoreKind, TTL, TestApp, TestDb, admin, assert_succeeded, postgres_addr};
 use crate::misconfig::misconfiguration_is_named;
 use crate::process::{ServerProcess, command};
 
@@ -247,11 +247,7 @@ async fn curl_reaches_the_binary_over_https() {
         eprintln!("curl is not installed: the curl check is skipped");
         return;
     };
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_succeeded(&output, "curl");
     let body: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(body["status"], "ok", "{body}");
     server.assert_logged(r#""tls":true"#);
@@ -278,15 +274,9 @@ fn tls_settings_are_checked_at_start() {
         ),
     ];
     for (args, named) in cases {
-        let output = command(None, dir.path())
-            .args(["--bind", "127.0.0.1:0"])
-            .args(args)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
-        assert!(stderr.contains(named), "{args:?}: {stderr}");
+        let mut server = command(None, dir.path());
+        server.args(["--bind", "127.0.0.1:0"]).args(args);
+        assert_refused_in_one_line(&mut server, named, &format!("{args:?}"));
     }
     // A key that is not the certificate's.
     let other = Pki::new();
@@ -298,6 +288,15 @@ fn tls_settings_are_checked_at_start() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("does not fit"), "{stderr}");
+}
+
+/// Runs `command`: it exits with 2 and one line on stderr, which names `named`.
+fn assert_refused_in_one_line(command: &mut Command, named: &str, case: &str) {
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{case}: {stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{case}: {stderr}");
+    assert!(stderr.contains(named), "{case}: {stderr}");
 }
 
 /// `url` with `params` added to its query.
@@ -329,29 +328,30 @@ async fn sessions(db: &TestDb) -> Vec<bool> {
 /// A server on `db` with `params` in its `DATABASE_URL`; takes a lease to prove the store
 /// works.
 async fn serve_with(db: &Arc<TestDb>, params: &str) -> TestApp {
-    let store = StoreConfig::parse(&with_params(&db.url(), params)).unwrap();
-    let app = TestApp::spawn_on(db.clone(), move |settings| settings.store = store).await;
-    let response = app.acquire("job:1", "a", TTL).await;
-    assert_eq!(response.status(), 200, "{params}");
-    app
+    serve_with_url(db, &with_params(&db.url(), params), "job:1").await
+}
+
+/// A server on a fresh database with `params` in its `DATABASE_URL`: all its sessions are
+/// `encrypted`, or all are plain.
+async fn assert_store_sessions(params: &str, encrypted: bool) {
+    let db = TestDb::new(StoreKind::Postgres).await;
+    let _app = serve_with(&db, params).await;
+    let sessions = sessions(&db).await;
+    assert!(!sessions.is_empty(), "no session of the server found");
+    assert!(
+        sessions.iter().all(|ssl| *ssl == encrypted),
+        "{params}: {sessions:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sslmode_require_encrypts_the_store_sessions() {
-    let db = TestDb::new(StoreKind::Postgres).await;
-    let _app = serve_with(&db, "sslmode=require").await;
-    let sessions = sessions(&db).await;
-    assert!(!sessions.is_empty(), "no session of the server found");
-    assert!(sessions.iter().all(|ssl| *ssl), "{sessions:?}");
+    assert_store_sessions("sslmode=require", true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sslmode_disable_keeps_the_store_sessions_plain() {
-    let db = TestDb::new(StoreKind::Postgres).await;
-    let _app = serve_with(&db, "sslmode=disable").await;
-    let sessions = sessions(&db).await;
-    assert!(!sessions.is_empty(), "no session of the server found");
-    assert!(sessions.iter().all(|ssl| !*ssl), "{sessions:?}");
+    assert_store_sessions("sslmode=disable", false).await;
 }
 
 /// The cluster's own certificate (Debian's self-signed snakeoil one, for `localhost`) as
@@ -381,6 +381,7 @@ async fn verify_modes_accept_the_clusters_own_certificate() {
     let _full = serve_with_url(
         &db,
         &with_params(&full, &format!("sslmode=verify-full&sslrootcert={root}")),
+        "job:full",
     )
     .await;
     let _ca = serve_with(&db, &format!("sslmode=verify-ca&sslrootcert={root}")).await;
@@ -404,10 +405,11 @@ fn url_encode(text: &str) -> String {
         .collect()
 }
 
-async fn serve_with_url(db: &Arc<TestDb>, url: &str) -> TestApp {
+/// A server on `db` at `url`; takes a lease on `resource` to prove the store works.
+async fn serve_with_url(db: &Arc<TestDb>, url: &str, resource: &str) -> TestApp {
     let store = StoreConfig::parse(url).unwrap();
     let app = TestApp::spawn_on(db.clone(), move |settings| settings.store = store).await;
-    let response = app.acquire("job:full", "a", TTL).await;
+    let response = app.acquire(resource, "a", TTL).await;
     assert_eq!(response.status(), 200, "{url}");
     app
 }
@@ -446,13 +448,8 @@ fn verify_modes_need_a_root_certificate() {
             "postgres://postgres@127.0.0.1:{}/postgres?{params}",
             pg_port()
         );
-        let output = command(Some(&url), dir.path())
-            .arg("check")
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{params}: {stderr}");
-        assert_eq!(stderr.trim().lines().count(), 1, "{params}: {stderr}");
-        assert!(stderr.contains(named), "{params}: {stderr}");
+        let mut check = command(Some(&url), dir.path());
+        check.arg("check");
+        assert_refused_in_one_line(&mut check, named, params);
     }
 }

@@ -98,10 +98,17 @@ impl PgTls {
             ),
             (mode, _) => mode,
         };
+        let algorithms = provider.signature_verification_algorithms;
         let verifier: Arc<dyn ServerCertVerifier> = match (mode, root_cert) {
-            (SslMode::VerifyCa, Some(path)) => Arc::new(ChainOnly(verifier(path, &provider)?)),
             (SslMode::VerifyFull, Some(path)) => verifier(path, &provider)?,
-            _ => Arc::new(Unverified(provider.signature_verification_algorithms)),
+            (SslMode::VerifyCa, Some(path)) => Arc::new(NameUnchecked {
+                chain: Some(verifier(path, &provider)?),
+                algorithms,
+            }),
+            _ => Arc::new(NameUnchecked {
+                chain: None,
+                algorithms,
+            }),
         };
         let config = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -189,13 +196,18 @@ fn verifier(
         .with_context(|| format!("DATABASE_URL: sslrootcert {shown}"))
 }
 
-/// `verify-ca`: the chain must lead to a trusted CA; the name in the certificate is not
-/// compared with the host (webpki checks the chain first, so a name mismatch means the
-/// chain was good).
+/// The verifier of the modes that do not compare the host name: `verify-ca` (with a chain,
+/// which must lead to a trusted CA; webpki checks the chain first, so a name mismatch
+/// means the chain was good) and `prefer`/`require` (without one: encrypted, but any
+/// certificate is taken, as libpq does). Either way the handshake's signatures are
+/// checked against the certificate presented.
 #[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
+struct NameUnchecked {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
 
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for NameUnchecked {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -204,10 +216,10 @@ impl ServerCertVerifier for ChainOnly {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -221,7 +233,7 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
     fn verify_tls13_signature(
@@ -230,51 +242,11 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// `prefer` and `require`: encrypted, but any certificate is taken (as libpq does); the
-/// handshake's signatures are still checked against the certificate presented.
-#[derive(Debug)]
-struct Unverified(WebPkiSupportedAlgorithms);
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_schemes()
+        self.algorithms.supported_schemes()
     }
 }
 
