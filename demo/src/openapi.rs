@@ -1,13 +1,10 @@
 //! `GET /openapi.json`: the demo store's OpenAPI 3.1 document, generated from the code like
 //! the lease server's (see `fencelock::http::openapi`).
 
-use std::collections::BTreeMap;
-
 use fencelock::http::ApiError;
-use fencelock::http::openapi::{body_refusals, finish, invalid_input, problems, store_failures};
+use fencelock::http::openapi::{body_refusals, finish, invalid_input, store_failures};
 use serde_json::Value;
-use utoipa::openapi::{RefOr, Response};
-use utoipa::{IntoResponses, OpenApi};
+use utoipa::OpenApi;
 
 use crate::app;
 use crate::docs::Outcome;
@@ -143,20 +140,8 @@ pub struct WriteRecord {
     at: String,
 }
 
-/// The problem answers of each operation, beyond those of the HTTP layer.
-macro_rules! problem_answers {
-    ($($name:ident => $samples:expr;)*) => {$(
-        pub struct $name;
-
-        impl IntoResponses for $name {
-            fn responses() -> BTreeMap<String, RefOr<Response>> {
-                problems($samples)
-            }
-        }
-    )*};
-}
-
-problem_answers! {
+// The problem answers of each operation, beyond those of the HTTP layer.
+fencelock::problem_answers! {
     PutProblems => [
         body_refusals(),
         vec![
