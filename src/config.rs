@@ -20,9 +20,22 @@
 //! start (a bad file stops start-up) and again on `SIGHUP` (a bad file then keeps the tokens
 //! in force). Without it the server serves anyone, so it refuses to listen on an address
 //! other than loopback unless `--allow-unauthenticated` says that is meant.
+//! | `--tls-cert` | `FENCELOCK_TLS_CERT` | unset: plain HTTP |
+//! | `--tls-key` | `FENCELOCK_TLS_KEY` | unset: plain HTTP |
+//! | `--fence-key` | `FENCELOCK_FENCE_KEY` | unset: no `fence_token` |
+//!
+//! `--tls-cert` and `--tls-key` go together: both serve HTTPS only (TLS 1.2 and 1.3), with
+//! the PEM certificate chain and private key they name (see [`crate::tls`]); one alone is
+//! refused at start. TLS to PostgreSQL is set in `DATABASE_URL` (`sslmode`, `sslrootcert`;
+//! see [`crate::store::postgres::tls`]).
 //!
 //! `--live-leases-interval-seconds` is how often the live leases are counted for the
 //! `fencelock_live_leases` gauge of `GET /metrics`; at most 15, as API.md promises.
+//!
+//! `--fence-key FILE` names a file of at least 32 secret bytes (`head -c 32 /dev/urandom >
+//! fence.key`); with it, every lock object given to its holder carries a `fence_token`
+//! signed with it (see [`crate::domain::fence_token`]). A file that is missing, unreadable
+//! or too short stops start-up.
 //!
 //! Everything is parsed into typed values here, so a bad value stops start-up with one line
 //! that names the setting, before anything is opened.
@@ -32,11 +45,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::auth::Auth;
-use crate::domain::Ttl;
 use crate::domain::ttl::{DEFAULT_MAX_TTL_SECONDS, TTL_CEILING_SECONDS};
+use crate::domain::{FenceKey, Ttl};
 pub use crate::store::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
 use crate::store::{StoreConfig, StoreOptions};
 
@@ -199,6 +213,18 @@ pub struct ServerArgs {
         global = true
     )]
     pub allow_unauthenticated: bool,
+    /// Serve HTTPS with this PEM certificate chain (the server's certificate first); needs
+    /// `--tls-key`.
+    #[arg(long, env = "FENCELOCK_TLS_CERT", value_name = "PEM", global = true)]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long, env = "FENCELOCK_TLS_KEY", value_name = "PEM", global = true)]
+    pub tls_key: Option<PathBuf>,
+    /// A file of at least 32 secret bytes that signs every fence given to a holder: lock
+    /// objects then carry `fence_token`, which guards with the same key require.
+    #[arg(long, env = "FENCELOCK_FENCE_KEY", value_name = "FILE", global = true)]
+    pub fence_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -247,6 +273,10 @@ pub struct Settings {
     pub auth: Option<Arc<Auth>>,
     /// Serve without tokens on a non-loopback address.
     pub allow_unauthenticated: bool,
+    /// `Some`: serve HTTPS with this configuration (read from `--tls-cert`/`--tls-key`).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Signs the `fence_token` of lock objects; `None`: no `fence_token`.
+    pub fence_key: Option<FenceKey>,
 }
 
 impl Settings {
@@ -279,6 +309,17 @@ impl Settings {
                 .transpose()?
                 .map(Arc::new),
             allow_unauthenticated: args.allow_unauthenticated,
+            tls: match (&args.tls_cert, &args.tls_key) {
+                (Some(cert), Some(key)) => Some(Arc::new(crate::tls::server_config(cert, key)?)),
+                (None, None) => None,
+                _ => anyhow::bail!(
+                    "--tls-cert and --tls-key go together: give both to serve HTTPS, or neither"
+                ),
+            },
+            fence_key: match &args.fence_key {
+                Some(path) => Some(FenceKey::read(path).context("--fence-key")?),
+                None => None,
+            },
         })
     }
 
@@ -299,6 +340,8 @@ impl Settings {
             live_leases_interval: Duration::from_secs(DEFAULT_LIVE_LEASES_INTERVAL_SECONDS),
             auth: None,
             allow_unauthenticated: false,
+            tls: None,
+            fence_key: None,
         }
     }
 }

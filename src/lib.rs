@@ -5,7 +5,9 @@
 //! Each layer uses only the layers above it in this list, never one below:
 //!
 //! 1. [`domain`]: validated types (`ResourceName`, `Owner`, `Ttl`, `Fence`), the store's
-//!    requests and outcomes, and the lease rules as pure functions (`domain::decide`).
+//!    requests and outcomes, and the lease rules as pure functions (`domain::decide`); with
+//!    `fence-token`, `FenceKey` and the signed `fence_token` format shared by the lease
+//!    server and the guard (`domain::fence_token`).
 //! 2. [`store`]: the [`store::LeaseStore`] trait, its configuration and its purge chore, and
 //!    the PostgreSQL and SQLite stores. It knows nothing of HTTP.
 //! 3. [`http`]: the HTTP toolkit every fencelock service shares: the one error type and its
@@ -17,11 +19,12 @@
 //! family, in one place, on [`domain`] alone; each app keeps its metrics in a registry of
 //! its own.
 //! 4. [`guard`] (on [`http`] and [`domain`]): the write guard for protected services
-//!    (`Fencing-Token`, the atomic fence check for PostgreSQL and SQLite).
+//!    (`Fencing-Token`, the signature check of `Guard`, the atomic fence check for
+//!    PostgreSQL and SQLite).
 //! 5. [`routes`] (on all of the above): the lease server's handlers: parse, ask the store,
 //!    render.
-//! 6. [`config`], [`startup`], [`shutdown`], [`telemetry`]: the server process: settings,
-//!    the app built the same way by `main` and the tests, signals, logging.
+//! 6. [`config`], [`startup`], [`shutdown`], [`telemetry`], [`tls`]: the server process:
+//!    settings, the app built the same way by `main` and the tests, signals, logging, HTTPS.
 //!
 //! [`auth`] (with `server`, on [`domain`] alone) is the bearer tokens of `--auth-file`: the
 //! file's validated form, the constant-time lookup of a secret, reload on `SIGHUP`. Its
@@ -36,6 +39,8 @@
 //!   ["client"]` builds it without actix-web, SQLite or PostgreSQL.
 //! - `guard-postgres`, `guard-sqlite` (both in `server`): the write guard for a service whose
 //!   data lives in PostgreSQL or SQLite; either brings in `http`.
+//! - `fence-token` (in `server` and in both `guard-*`): `FenceKey`, signed fences
+//!   (`hmac`, `sha2`, `base64`; nothing of the server).
 //! - `http`: the HTTP toolkit alone, with [`metrics`] (the `prometheus` crate). The
 //!   `client` feature builds without either.
 
@@ -64,3 +69,5 @@ pub mod startup;
 pub mod store;
 #[cfg(feature = "server")]
 pub mod telemetry;
+#[cfg(feature = "server")]
+pub mod tls;

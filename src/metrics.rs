@@ -23,6 +23,16 @@ pub struct Family {
     pub labels: &'static [&'static str],
 }
 
+impl Family {
+    fn opts(&self) -> Opts {
+        Opts::new(self.name, self.help)
+    }
+
+    fn histogram_opts(&self, buckets: &[f64]) -> HistogramOpts {
+        HistogramOpts::new(self.name, self.help).buckets(buckets.to_vec())
+    }
+}
+
 pub const ACQUIRE: Family = Family {
     name: "fencelock_acquire_total",
     help: "Acquire requests answered, by outcome.",
@@ -132,6 +142,9 @@ pub mod label {
         pub const ERROR: &str = "error";
         pub const ADMITTED: &str = "admitted";
         pub const STALE: &str = "stale";
+        /// The guard refused the write's `Fencing-Token`: not signed by its keys for the key
+        /// written (`403 invalid-fence-token`).
+        pub const INVALID_TOKEN: &str = "invalid_token";
     }
 
     /// `op` of `fencelock_store_seconds`: one per store operation.
@@ -183,27 +196,26 @@ pub const HELD_BUCKETS: &[f64] = &[
 /// When `family` is registered in `registry` already: a bug in how an app builds its
 /// metrics, found by any test that builds the app.
 pub fn counter(registry: &Registry, family: &Family) -> IntCounterVec {
-    let counter = IntCounterVec::new(Opts::new(family.name, family.help), family.labels)
-        .expect("a valid counter family");
-    register(registry, family, counter)
+    register(
+        registry,
+        family,
+        IntCounterVec::new(family.opts(), family.labels),
+    )
 }
 
 /// Registers `family` as a counter without labels.
 pub fn plain_counter(registry: &Registry, family: &Family) -> IntCounter {
-    let counter = IntCounter::new(family.name, family.help).expect("a valid counter");
-    register(registry, family, counter)
+    register(registry, family, IntCounter::with_opts(family.opts()))
 }
 
 /// Registers `family` as a gauge without labels.
 pub fn gauge(registry: &Registry, family: &Family) -> IntGauge {
-    let gauge = IntGauge::new(family.name, family.help).expect("a valid gauge");
-    register(registry, family, gauge)
+    register(registry, family, IntGauge::with_opts(family.opts()))
 }
 
 /// Registers `family` as an info gauge: one series, at 1, with `values` for its labels.
 pub fn info(registry: &Registry, family: &Family, values: &[&str]) {
-    let gauge = IntGaugeVec::new(Opts::new(family.name, family.help), family.labels)
-        .expect("a valid gauge family");
+    let gauge = IntGaugeVec::new(family.opts(), family.labels);
     register(registry, family, gauge)
         .with_label_values(values)
         .set(1);
@@ -211,23 +223,27 @@ pub fn info(registry: &Registry, family: &Family, values: &[&str]) {
 
 /// Registers `family` as a histogram with `buckets` (seconds).
 pub fn histogram(registry: &Registry, family: &Family, buckets: &[f64]) -> HistogramVec {
-    let opts = HistogramOpts::new(family.name, family.help).buckets(buckets.to_vec());
-    let histogram = HistogramVec::new(opts, family.labels).expect("a valid histogram family");
+    let histogram = HistogramVec::new(family.histogram_opts(buckets), family.labels);
     register(registry, family, histogram)
 }
 
 /// Registers `family` as a histogram without labels, with `buckets` (seconds).
 pub fn plain_histogram(registry: &Registry, family: &Family, buckets: &[f64]) -> Histogram {
-    let opts = HistogramOpts::new(family.name, family.help).buckets(buckets.to_vec());
-    let histogram = Histogram::with_opts(opts).expect("a valid histogram");
-    register(registry, family, histogram)
+    register(
+        registry,
+        family,
+        Histogram::with_opts(family.histogram_opts(buckets)),
+    )
 }
 
+/// Registers the collector built for `family`; a family that cannot be built (a bad name
+/// or label) is the same kind of bug as one registered twice.
 fn register<C: prometheus::core::Collector + Clone + 'static>(
     registry: &Registry,
     family: &Family,
-    collector: C,
+    collector: prometheus::Result<C>,
 ) -> C {
+    let collector = collector.unwrap_or_else(|e| panic!("building {}: {e}", family.name));
     registry
         .register(Box::new(collector.clone()))
         .unwrap_or_else(|e| panic!("registering {}: {e}", family.name));

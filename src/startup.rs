@@ -8,6 +8,7 @@ use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
+use rustls::ServerConfig;
 
 use crate::auth::Auth;
 use crate::config::Settings;
@@ -17,6 +18,7 @@ use crate::metrics::{self, Registry, label};
 use crate::routes::auth::Gate;
 use crate::routes::metrics::LeaseMetrics;
 use crate::routes::{self, AppState};
+use crate::store::chore::Chore;
 use crate::store::live::LiveLeases;
 use crate::store::metered::{Metered, StoreMetrics};
 use crate::store::purge::Purge;
@@ -87,8 +89,8 @@ pub struct Application {
     port: u16,
     server: Server,
     store: SharedStore,
-    purge: Purge,
-    live: LiveLeases,
+    purge: Chore,
+    live: Chore,
     auth: Option<Arc<Auth>>,
 }
 
@@ -134,6 +136,7 @@ impl Application {
         tracing::info!(
             store = %store.describe(),
             address = %listener.local_addr()?,
+            tls = settings.tls.is_some(),
             max_connections = workers * per_worker,
             "fencelock serving"
         );
@@ -156,6 +159,7 @@ impl Application {
             max_ttl: settings.max_ttl,
             store_timeout: settings.store_timeout,
             metrics: lease_metrics,
+            fence_key: settings.fence_key.clone(),
         });
         let request_timeout = settings.request_timeout;
         http::install_refusal_renderer();
@@ -185,8 +189,13 @@ impl Application {
         // of actix's default second: a slow client is cut off close to the request timeout.
         .client_disconnect_timeout(DISCONNECT_LINGER)
         .workers(workers)
-        .max_connections(per_worker)
-        .listen(listener)?
+        .max_connections(per_worker);
+        // Over TLS the same limits apply; the handshake has actix's own bound (3 s), after
+        // which the head timer above starts.
+        let server = match &settings.tls {
+            Some(tls) => server.listen_rustls_0_23(listener, ServerConfig::clone(tls))?,
+            None => server.listen(listener)?,
+        }
         .run();
 
         let purge = Purge::start(store.clone(), settings.purge_grace, settings.purge_interval);

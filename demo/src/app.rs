@@ -2,9 +2,13 @@
 //!
 //! - `PUT /docs/{key}` with `Fencing-Token` and any JSON body: `200 {"key", "value", "fence"}`
 //!   when applied, `409 stale-fence` with `current_fence` when a greater fence wrote first.
+//!   A store started with fence keys takes only a `fence_token` the lease server signed for
+//!   `key` with one of them: anything else (forged, another resource's, a bare fence) is
+//!   `403 invalid-fence-token`, and nothing is written or logged.
 //! - `GET /docs/{key}`: `200 {"key", "value", "fence", "updated_at"}` or `404`.
 //! - `GET /metrics`: the Prometheus text format, with the guard's
-//!   `fencelock_guard_writes_total{outcome="admitted"|"stale"}` and the HTTP families.
+//!   `fencelock_guard_writes_total{outcome="admitted"|"stale"|"invalid_token"}` and the HTTP
+//!   families.
 //! - `GET /docs/{key}/writes?limit=N&after=ID`: one page of the key's write log, oldest
 //!   first: `200 {"writes": [{"id", "fence", "outcome", "at"}, ...], "next": ID | null}`.
 //!   Every attempt is there, `outcome` `"applied"` or `"rejected"`. `limit` is 1-1000
@@ -27,7 +31,7 @@ use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use anyhow::Context as _;
 use chrono::SecondsFormat;
 use fencelock::domain::ResourceName;
-use fencelock::guard::{self, FencingToken};
+use fencelock::guard::{self, FencingToken, Guard};
 use fencelock::http::body::read_json;
 use fencelock::http::metrics::HttpMetrics;
 use fencelock::http::{self, ApiError, FieldError};
@@ -47,6 +51,8 @@ pub struct DemoServer {
 /// What every handler shares.
 pub(crate) struct Docs {
     store: SharedDocs,
+    /// Checks every write's `Fencing-Token` against the key written, before the store.
+    guard: Guard,
     /// Longest a request waits on the store; past it the answer is `503`, never a hang.
     timeout: Duration,
 }
@@ -69,11 +75,13 @@ impl Docs {
 
 impl DemoServer {
     /// Binds `bind` and builds the app; `store_timeout` bounds every store call of every
-    /// request (see [`crate::docs::StoreOptions`]). `GET /metrics` serves `registry`, the one
-    /// the documents' guard counts in (see [`crate::docs::open`]).
+    /// request (see [`crate::docs::StoreOptions`]). `guard` checks each write's token (with
+    /// its keys, if any) and counts in `registry`, which `GET /metrics` serves; `docs` must
+    /// have been opened with the same guard (see [`crate::docs::open`]).
     pub fn build(
         bind: SocketAddr,
         docs: SharedDocs,
+        guard: Guard,
         store_timeout: Duration,
         registry: Registry,
     ) -> anyhow::Result<Self> {
@@ -81,6 +89,7 @@ impl DemoServer {
         let port = listener.local_addr()?.port();
         let docs = web::Data::new(Docs {
             store: docs,
+            guard,
             timeout: store_timeout,
         });
         let http_metrics = web::Data::new(HttpMetrics::register(&registry));
@@ -148,14 +157,19 @@ fn key(raw: &str) -> Result<ResourceName, ApiError> {
 pub(crate) async fn put_doc(
     req: HttpRequest,
     path: web::Path<String>,
-    FencingToken(fence): FencingToken,
+    token: FencingToken,
     payload: web::Payload,
     docs: web::Data<Docs>,
 ) -> Result<HttpResponse, ApiError> {
+    let key = key(&path)?;
+    // The token is checked for this key before the body is read: a refused one writes
+    // nothing, not even the write log.
+    let checked = docs.guard.check(key.as_str(), &token)?;
+    let fence = checked.fence();
     let write = Write {
-        key: key(&path)?,
+        key,
         value: read_json(&req, payload).await?,
-        fence,
+        fence: checked,
     };
     let key = &write.key;
     match docs.ask(docs.store.put(&write)).await? {

@@ -1,9 +1,12 @@
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use fencelock::config::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
+use fencelock::domain::{FenceKey, FenceKeys};
+use fencelock::guard::{Guard, GuardMetrics};
 use fencelock::metrics::Registry;
 use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
@@ -52,6 +55,16 @@ enum Command {
         /// Accept every write, whatever its fence (to show the damage; never in production).
         #[arg(long)]
         no_guard: bool,
+        /// A fence key file (at least 32 bytes) of the lease server: only tokens it signed
+        /// are accepted (`403 invalid-fence-token` otherwise). Repeat it (or list the files,
+        /// comma-separated) to rotate keys: the current first, then the previous ones.
+        #[arg(
+            long = "fence-key",
+            value_name = "FILE",
+            env = "FENCELOCK_DEMO_FENCE_KEYS",
+            value_delimiter = ','
+        )]
+        fence_keys: Vec<PathBuf>,
     },
     /// Play the paused-worker story and print its timeline.
     PausedWorker {
@@ -71,6 +84,10 @@ enum Command {
         /// on `report:`).
         #[arg(long, env = "FENCELOCK_DEMO_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        /// A fence key file for the in-process lease server (which then signs fences) and
+        /// the in-process store (which then takes only signed fences).
+        #[arg(long, value_name = "FILE")]
+        fence_key: Option<PathBuf>,
     },
 }
 
@@ -96,12 +113,21 @@ fn main() -> ExitCode {
                 pool_size,
                 store_timeout_ms,
                 no_guard,
+                fence_keys,
             } => {
                 let settings = StoreOptions {
                     pool_size: usize::from(pool_size),
                     timeout: Duration::from_millis(store_timeout_ms),
                 };
-                match serve(bind, database_url.as_deref(), guarding(no_guard), settings).await {
+                let keys = match read_keys(&fence_keys) {
+                    Ok(keys) => keys,
+                    Err(e) => {
+                        eprintln!("fencelock-demo: {e:#}");
+                        return ExitCode::from(2);
+                    }
+                };
+                let guarding = guarding(no_guard);
+                match serve(bind, database_url.as_deref(), guarding, keys, settings).await {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => {
                         eprintln!("fencelock-demo: {e:#}");
@@ -115,13 +141,22 @@ fn main() -> ExitCode {
                 store_url,
                 ttl_seconds,
                 token,
+                fence_key,
             } => {
+                let fence_key = match read_keys(fence_key.as_slice()) {
+                    Ok(mut keys) => keys.pop(),
+                    Err(e) => {
+                        eprintln!("fencelock-demo: {e:#}");
+                        return ExitCode::from(2);
+                    }
+                };
                 let options = StoryOptions {
                     guarding: guarding(no_guard),
                     lease_url,
                     store_url,
                     ttl_seconds,
                     token,
+                    fence_key,
                 };
                 match story::run(options).await {
                     // No damage against a store whose own guard is on is the guard working,
@@ -163,16 +198,34 @@ fn guarding(no_guard: bool) -> Guarding {
     }
 }
 
+/// The keys in `files`, in order; a file that is missing, unreadable or too short is an
+/// error naming it.
+fn read_keys(files: &[PathBuf]) -> anyhow::Result<Vec<FenceKey>> {
+    use anyhow::Context as _;
+    files
+        .iter()
+        .map(|file| FenceKey::read(file).context("--fence-key"))
+        .collect()
+}
+
 async fn serve(
     bind: SocketAddr,
     url: Option<&str>,
     guarding: Guarding,
+    keys: Vec<FenceKey>,
     settings: StoreOptions,
 ) -> anyhow::Result<()> {
     let registry = Registry::new();
-    let docs = docs::open(url, guarding, settings, &registry).await?;
-    let server = DemoServer::build(bind, docs, settings.timeout, registry)?;
-    tracing::info!(port = server.port(), ?guarding, "demo store serving");
+    let signed = keys.len();
+    let guard = Guard::new(FenceKeys::new(keys), GuardMetrics::register(&registry));
+    let docs = docs::open(url, guarding, settings, &guard).await?;
+    let server = DemoServer::build(bind, docs, guard, settings.timeout, registry)?;
+    tracing::info!(
+        port = server.port(),
+        ?guarding,
+        fence_keys = signed,
+        "demo store serving"
+    );
     let handle = server.handle();
     actix_web::rt::spawn(async move {
         let signal = fencelock::shutdown::signal().await;

@@ -1,13 +1,10 @@
 //! `GET /openapi.json`: the demo store's OpenAPI 3.1 document, generated from the code like
 //! the lease server's (see `fencelock::http::openapi`).
 
-use std::collections::BTreeMap;
-
 use fencelock::http::ApiError;
-use fencelock::http::openapi::{body_refusals, finish, invalid_input, problems, store_failures};
+use fencelock::http::openapi::{body_refusals, finish, invalid_input, store_failures};
 use serde_json::Value;
-use utoipa::openapi::{RefOr, Response};
-use utoipa::{IntoResponses, OpenApi};
+use utoipa::OpenApi;
 
 use crate::app;
 use crate::docs::Outcome;
@@ -58,14 +55,12 @@ pub struct KeyPath {
     reason = "the wire shape, for the document; the guard reads it"
 )]
 pub struct FencingTokenHeader {
-    /// The fence of the writer's lease: a positive integer below 2^53. Missing: `428`; not
-    /// such an integer: `400`.
-    #[param(
-        rename = "Fencing-Token",
-        minimum = 1,
-        maximum = 9_007_199_254_740_991_i64
-    )]
-    fencing_token: i64,
+    /// The writer's lease. A store with fence keys takes only the lease's `fence_token`
+    /// (`<fence>.<signature>`, signed for this key): anything else is `403
+    /// invalid-fence-token`. A store without keys takes the fence, a positive integer below
+    /// 2^53 (not one: `400`). Missing: `428`.
+    #[param(rename = "Fencing-Token", pattern = r"^[0-9]+(\.[A-Za-z0-9_-]{43})?$")]
+    fencing_token: String,
 }
 
 /// The page parameters of `GET /docs/{key}/writes`; any other parameter is `422`.
@@ -145,24 +140,13 @@ pub struct WriteRecord {
     at: String,
 }
 
-/// The problem answers of each operation, beyond those of the HTTP layer.
-macro_rules! problem_answers {
-    ($($name:ident => $samples:expr;)*) => {$(
-        pub struct $name;
-
-        impl IntoResponses for $name {
-            fn responses() -> BTreeMap<String, RefOr<Response>> {
-                problems($samples)
-            }
-        }
-    )*};
-}
-
-problem_answers! {
+// The problem answers of each operation, beyond those of the HTTP layer.
+fencelock::problem_answers! {
     PutProblems => [
         body_refusals(),
         vec![
             ApiError::FencingTokenRequired(String::new()),
+            ApiError::InvalidFenceToken(String::new()),
             invalid_input(),
             fencelock::guard::stale_write("", fencelock::domain::Fence::new(1).expect("a fence")),
         ],

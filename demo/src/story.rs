@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use fencelock::client::Client;
+use fencelock::client::LockInfo;
 use fencelock::config::Settings;
-use fencelock::guard::FENCING_TOKEN;
+use fencelock::domain::{FenceKey, FenceKeys};
+use fencelock::guard::{FENCING_TOKEN, Guard, GuardMetrics};
 use fencelock::metrics::Registry;
 use fencelock::startup::Application;
 use fencelock::store::StoreConfig;
@@ -33,6 +35,9 @@ pub struct StoryOptions {
     /// The bearer secret for a lease server that runs with `--auth-file`; it needs the
     /// `lock` and `read` permissions on `report:`.
     pub token: Option<String>,
+    /// Signs fences in the in-process lease server, and is the only key of the in-process
+    /// store's guard. The workers send the lease server's `fence_token` whenever it gives one.
+    pub fence_key: Option<FenceKey>,
 }
 
 /// How the story ended.
@@ -69,6 +74,7 @@ pub async fn run(options: StoryOptions) -> anyhow::Result<Verdict> {
             let mut settings =
                 Settings::for_store(StoreConfig::Sqlite(scratch.path().join("leases.db")));
             settings.bind = "127.0.0.1:0".parse()?;
+            settings.fence_key = options.fence_key.clone();
             let app = Application::build(settings).await?;
             let url = format!("http://127.0.0.1:{}", app.port());
             stops.push(app.handle());
@@ -82,9 +88,12 @@ pub async fn run(options: StoryOptions) -> anyhow::Result<Verdict> {
             let db = format!("sqlite://{}", scratch.path().join("docs.db").display());
             let settings = StoreOptions::default();
             let registry = Registry::new();
+            let keys = FenceKeys::new(options.fence_key.iter().cloned().collect());
+            let guard = Guard::new(keys, GuardMetrics::register(&registry));
             let server = DemoServer::build(
                 "127.0.0.1:0".parse()?,
-                docs::open(Some(&db), options.guarding, settings, &registry).await?,
+                docs::open(Some(&db), options.guarding, settings, &guard).await?,
+                guard,
                 settings.timeout,
                 registry,
             )?;
@@ -125,14 +134,19 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
     out!("  lease server: {lease_url}")?;
     out!("  demo store:   {store_url} ({guard_text})")?;
     out!(
-        "  resource:     {resource} (lease TTL {}s)\n",
+        "  resource:     {resource} (lease TTL {}s)",
         options.ttl_seconds
     )?;
+    let signed = match options.fence_key {
+        Some(_) => "signed (fence_token, checked by the store)",
+        None => "bare",
+    };
+    out!("  fences:       {signed}\n")?;
 
     let a = locks.acquire(&resource, &owner_a, ttl).await?;
     timeline.say("worker A", format!("acquires the lease: fence {}", a.fence))?;
     let part_1 = report("worker A", "A's report, part 1");
-    let first = store.write(&resource, a.fence, part_1).await?;
+    let first = store.write(&resource, &a, part_1).await?;
     timeline.say(
         "worker A",
         format!("writes part 1 with fence {} → {first}", a.fence),
@@ -157,7 +171,7 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
         ),
     )?;
     let b_value = report("worker B", "B's complete report");
-    let b_write = store.write(&resource, b.fence, b_value.clone()).await?;
+    let b_write = store.write(&resource, &b, b_value.clone()).await?;
     timeline.say(
         "worker B",
         format!("writes its report with fence {} → {b_write}", b.fence),
@@ -168,7 +182,7 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
         "wakes up, still believes it holds the lease, writes part 2",
     )?;
     let part_2 = report("worker A", "A's report, part 2 (late)");
-    let late = store.write(&resource, a.fence, part_2).await?;
+    let late = store.write(&resource, &a, part_2).await?;
     timeline.say(
         "demo store",
         format!("A's late write with fence {} → {late}", a.fence),
@@ -302,11 +316,16 @@ impl Store {
         })
     }
 
-    async fn write(&self, key: &str, fence: i64, value: Value) -> anyhow::Result<WriteResult> {
+    /// Writes with the lease's `fence_token` when the lease server gave one, else its fence.
+    async fn write(&self, key: &str, lock: &LockInfo, value: Value) -> anyhow::Result<WriteResult> {
+        let token = lock
+            .fence_token
+            .clone()
+            .unwrap_or_else(|| lock.fence.to_string());
         let response = self
             .http
             .put(format!("{}/docs/{key}", self.base))
-            .header(FENCING_TOKEN, fence.to_string())
+            .header(FENCING_TOKEN, token)
             .json(&value)
             .send()
             .await

@@ -1,14 +1,16 @@
 //! The paused-worker story, run as a user runs it: the real binary, its exit code, its output.
 
+mod common;
+
 use std::process::{Command, Output};
 
+use common::demo_server;
 use fencelock::config::Settings;
-use fencelock::metrics::Registry;
+use fencelock::domain::FenceKeys;
 use fencelock::startup::Application;
 use fencelock::store::StoreOptions;
-use fencelock_demo::app::DemoServer;
-use fencelock_demo::docs::{self, Guarding};
-use fencelock_testkit::TestDb;
+use fencelock_demo::docs::Guarding;
+use fencelock_testkit::{TestDb, assert_succeeded};
 
 fn story(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fencelock-demo"))
@@ -23,12 +25,7 @@ fn story(args: &[&str]) -> Output {
 #[test]
 fn guarded_story_rejects_the_late_write() {
     let output = story(&["--ttl-seconds", "1"]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = assert_succeeded(&output, "guarded story");
     assert!(stdout.contains("A's late write with fence"), "{stdout}");
     assert!(stdout.contains("REJECTED (409 stale-fence"), "{stdout}");
     assert!(
@@ -38,12 +35,49 @@ fn guarded_story_rejects_the_late_write() {
     assert!(stdout.contains("B's complete report"), "{stdout}");
 }
 
+/// With a fence key on both the lease server and the store, the workers write with signed
+/// tokens, and the late write is still rejected as stale, not as forged.
+#[test]
+fn signed_story_rejects_the_late_write_as_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("fence.key");
+    std::fs::write(
+        &key,
+        (0..32).map(|_| rand::random::<u8>()).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let output = story(&["--ttl-seconds", "1", "--fence-key", key.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("fences:       signed"), "{stdout}");
+    assert!(stdout.contains("REJECTED (409 stale-fence"), "{stdout}");
+    assert!(!stdout.contains("invalid-fence-token"), "{stdout}");
+    assert!(
+        stdout.contains("OK: the late write from paused worker A"),
+        "{stdout}"
+    );
+
+    // A key file too short stops the story before it starts, in one line.
+    std::fs::write(&key, [1; 8]).unwrap();
+    let output = story(&["--fence-key", key.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.trim().starts_with("fencelock-demo: --fence-key"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
+
 /// Without the guard, the story still runs (exit 0) and says plainly that the data is wrong.
 #[test]
 fn unguarded_story_shows_the_overwrite() {
     let output = story(&["--ttl-seconds", "1", "--no-guard"]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
+    let stdout = assert_succeeded(&output, "unguarded story");
     assert!(stdout.contains("THE DATA IS NOW WRONG"), "{stdout}");
     assert!(stdout.contains("A's report, part 2 (late)"), "{stdout}");
     assert!(!stdout.contains("REJECTED"), "{stdout}");
@@ -86,18 +120,13 @@ fn story_runs_against_running_services() {
             let mut settings = Settings::for_store(lease_config);
             settings.bind = "127.0.0.1:0".parse().unwrap();
             let lease_server = Application::build(settings).await.unwrap();
-            let settings = StoreOptions::default();
-            let registry = Registry::new();
-            let docs = docs::open(Some(&docs_url), Guarding::On, settings, &registry)
-                .await
-                .unwrap();
-            let store = DemoServer::build(
-                "127.0.0.1:0".parse().unwrap(),
-                docs,
-                settings.timeout,
-                registry,
+            let store = demo_server(
+                &docs_url,
+                Guarding::On,
+                StoreOptions::default(),
+                FenceKeys::default(),
             )
-            .unwrap();
+            .await;
             ready
                 .send((
                     format!("http://127.0.0.1:{}", lease_server.port()),
@@ -119,8 +148,7 @@ fn story_runs_against_running_services() {
         "--store-url",
         &store_url,
     ]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
+    let stdout = assert_succeeded(&output, "story against running services");
     assert!(
         stdout.contains(&format!("lease server: {lease_url}")),
         "{stdout}"
@@ -138,9 +166,8 @@ fn story_runs_against_running_services() {
         "--store-url",
         &store_url,
     ]);
-    let stdout = String::from_utf8_lossy(&unguarded.stdout);
+    let stdout = assert_succeeded(&unguarded, "unguarded story");
     let stderr = String::from_utf8_lossy(&unguarded.stderr);
-    assert!(unguarded.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("No damage this time"), "{stdout}");
     assert!(
         stdout.contains("fencelock-demo store --no-guard"),

@@ -1,16 +1,19 @@
 //! The demo store over real HTTP, on PostgreSQL and SQLite: the write guard's rules.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fencelock::metrics::Registry;
+use common::demo_server;
+use fencelock::domain::Fence;
+use fencelock::domain::{FenceKey, FenceKeys};
 use fencelock::store::StoreOptions;
-use fencelock_demo::app::DemoServer;
-use fencelock_demo::docs::{self, Guarding};
+use fencelock_demo::docs::Guarding;
 use fencelock_testkit::{
-    Exposition, Proxy, RawResponse, StoreKind, TestDb, assert_raw_problem, contract_stores,
-    postgres_addr, raw_exchange,
+    Exposition, Proxy, RawResponse, StoreKind, TestApp, TestDb, assert_raw_problem,
+    contract_stores, postgres_addr, raw_exchange,
 };
 use serde_json::{Value, json};
 
@@ -24,7 +27,12 @@ struct TestStore {
 
 impl TestStore {
     async fn spawn(kind: StoreKind, guarding: Guarding) -> Self {
-        Self::spawn_with(kind, guarding, StoreOptions::default(), None).await
+        Self::spawn_with(kind, guarding, StoreOptions::default(), None, Vec::new()).await
+    }
+
+    /// A guarded store whose guard takes only tokens signed by `keys`.
+    async fn signed(kind: StoreKind, keys: Vec<FenceKey>) -> Self {
+        Self::spawn_with(kind, Guarding::On, StoreOptions::default(), None, keys).await
     }
 
     /// With `via`, the store reaches PostgreSQL through that address (a [`Proxy`]).
@@ -33,6 +41,7 @@ impl TestStore {
         guarding: Guarding,
         settings: StoreOptions,
         via: Option<SocketAddr>,
+        keys: Vec<FenceKey>,
     ) -> Self {
         let db = TestDb::new(kind).await;
         let url = match via {
@@ -42,17 +51,7 @@ impl TestStore {
         let (ready, built) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {
-                let registry = Registry::new();
-                let docs = docs::open(Some(&url), guarding, settings, &registry)
-                    .await
-                    .expect("store opens");
-                let server = DemoServer::build(
-                    "127.0.0.1:0".parse().unwrap(),
-                    docs,
-                    settings.timeout,
-                    registry,
-                )
-                .unwrap();
+                let server = demo_server(&url, guarding, settings, FenceKeys::new(keys)).await;
                 let _ = ready.send((server.port(), server.handle()));
                 let _ = server.run_until_stopped().await;
             });
@@ -70,7 +69,14 @@ impl TestStore {
     /// [`short_timeouts`].
     async fn behind(proxy: &Proxy) -> Self {
         let via = Some(proxy.addr());
-        Self::spawn_with(StoreKind::Postgres, Guarding::On, short_timeouts(), via).await
+        Self::spawn_with(
+            StoreKind::Postgres,
+            Guarding::On,
+            short_timeouts(),
+            via,
+            Vec::new(),
+        )
+        .await
     }
 
     /// Runs `sql` on the store's own database, beside the store.
@@ -238,7 +244,8 @@ async fn guard_decisions_are_counted_in_metrics(kind: StoreKind) {
     let writes = |outcome| metrics.value("fencelock_guard_writes_total", &[("outcome", outcome)]);
     assert_eq!(writes("admitted"), 1.0, "{text}");
     assert_eq!(writes("stale"), 1.0, "{text}");
-    assert_eq!(metrics.family("fencelock_guard_writes_total").len(), 2);
+    assert_eq!(writes("invalid_token"), 0.0, "{text}");
+    assert_eq!(metrics.family("fencelock_guard_writes_total").len(), 3);
     assert_eq!(
         metrics.value(
             "fencelock_http_requests_total",
@@ -527,7 +534,10 @@ async fn bad_page_parameters_are_422(kind: StoreKind) {
 /// What each operation of the demo store can answer, beyond the HTTP layer's own refusals
 /// (`400`, `408`, `431`), which every operation documents.
 const OPERATIONS: [(&str, &[u16]); 5] = [
-    ("PUT /docs/{key}", &[200, 409, 413, 415, 422, 428, 500, 503]),
+    (
+        "PUT /docs/{key}",
+        &[200, 403, 409, 413, 415, 422, 428, 500, 503],
+    ),
     ("GET /docs/{key}", &[200, 404, 422, 500, 503]),
     ("GET /docs/{key}/writes", &[200, 422, 500, 503]),
     ("GET /metrics", &[200]),
@@ -556,6 +566,10 @@ async fn the_document_matches_the_store(kind: StoreKind) {
         slugs(&document, "/docs/{key}", "PUT", 428),
         ["fencing-token-required"]
     );
+    assert_eq!(
+        slugs(&document, "/docs/{key}", "PUT", 403),
+        ["invalid-fence-token"]
+    );
     assert_served_as_documented(
         &store.address,
         &document,
@@ -566,7 +580,94 @@ async fn the_document_matches_the_store(kind: StoreKind) {
     assert_not_served(&store.address, &["/docs", "/docs/a/b", "/healthz", "/"]).await;
 }
 
+fn random_key() -> FenceKey {
+    FenceKey::from_bytes((0..32).map(|_| rand::random::<u8>()).collect()).unwrap()
+}
+
+/// A store with the lease server's key takes the holder's `fence_token`, and refuses with
+/// `403 invalid-fence-token` a bare fence (even the largest), a forged token and a token of
+/// another resource, writing nothing and logging nothing.
+async fn with_keys_only_the_holders_signed_token_writes(kind: StoreKind) {
+    let key = random_key();
+    let signing = key.clone();
+    let leases = TestApp::spawn_on(TestDb::new(kind).await, move |settings| {
+        settings.fence_key = Some(signing);
+    })
+    .await;
+    let store = TestStore::signed(kind, vec![key.clone()]).await;
+
+    let lock = leases.acquire_ok("doc:1", "holder", 30).await;
+    let token = lock["fence_token"]
+        .as_str()
+        .expect("a fence_token")
+        .to_owned();
+    let fence = Fence::new(lock["fence"].as_i64().unwrap()).unwrap();
+    store
+        .put_applied("doc:1", &token, &json!("the holder's"))
+        .await;
+
+    let other = leases.acquire_ok("doc:2", "holder", 30).await;
+    let forger = random_key();
+    for refused in [
+        fence.to_string(),
+        "9007199254740991".to_owned(),
+        forger.sign("doc:1", Fence::new(fence.get() + 1).unwrap()),
+        other["fence_token"].as_str().unwrap().to_owned(),
+        key.sign("doc:2", fence),
+        format!("{}.{}", fence.get() + 1, token.split_once('.').unwrap().1),
+    ] {
+        let response = store.put("doc:1", Some(&refused), &json!("forged")).await;
+        let body = problem(response, 403, "invalid-fence-token").await;
+        assert!(body.get("current_fence").is_none(), "{body}");
+    }
+
+    assert_eq!(store.doc("doc:1").await["value"], json!("the holder's"));
+    assert_eq!(
+        store.writes("doc:1").await.len(),
+        1,
+        "refused writes are not logged"
+    );
+    // The holder is not blocked by anything refused: it writes again.
+    store.put_applied("doc:1", &token, &json!("again")).await;
+
+    let text = store.get("/metrics").await.text().await.unwrap();
+    let metrics = Exposition::parse(&text);
+    let writes = |outcome| metrics.value("fencelock_guard_writes_total", &[("outcome", outcome)]);
+    assert_eq!(writes("invalid_token"), 6.0, "{text}");
+    assert_eq!(writes("admitted"), 2.0, "{text}");
+    assert_eq!(writes("stale"), 0.0, "{text}");
+}
+
+/// A guard given [new, old] admits tokens signed with either; the fences are then compared as
+/// ever.
+async fn rotated_keys_admit_tokens_of_either(kind: StoreKind) {
+    let (new, old) = (random_key(), random_key());
+    let store = TestStore::signed(kind, vec![new.clone(), old.clone()]).await;
+    let fence = |n| Fence::new(n).unwrap();
+    store
+        .put_applied("doc:1", &old.sign("doc:1", fence(1)), &json!("old"))
+        .await;
+    store
+        .put_applied("doc:1", &new.sign("doc:1", fence(2)), &json!("new"))
+        .await;
+    let late = store
+        .put("doc:1", Some(&old.sign("doc:1", fence(1))), &json!("late"))
+        .await;
+    problem(late, 409, "stale-fence").await;
+    let unknown = store
+        .put(
+            "doc:1",
+            Some(&random_key().sign("doc:1", fence(3))),
+            &json!("x"),
+        )
+        .await;
+    problem(unknown, 403, "invalid-fence-token").await;
+    assert_eq!(store.doc("doc:1").await["value"], json!("new"));
+}
+
 contract_stores!(
+    with_keys_only_the_holders_signed_token_writes,
+    rotated_keys_admit_tokens_of_either,
     the_document_matches_the_store,
     the_write_log_is_paged,
     bad_page_parameters_are_422,

@@ -181,6 +181,7 @@ impl Lease {
             owner,
             view: LeaseWatch {
                 fence: lock.fence,
+                fence_token: lock.fence_token.clone(),
                 state: state.subscribe(),
             },
             state,
@@ -198,6 +199,12 @@ impl Lease {
     /// every write the lease protects.
     pub fn fence(&self) -> i64 {
         self.view.fence()
+    }
+
+    /// The fence signed for this resource, when the lease server has a fence key: send it
+    /// as `Fencing-Token` in place of [`fence`](Self::fence) (renewals keep it too).
+    pub fn fence_token(&self) -> Option<&str> {
+        self.view.fence_token()
     }
 
     /// True while the lease is held: not reported lost, and its safe deadline has not
@@ -273,6 +280,7 @@ impl fmt::Debug for Lease {
 #[derive(Debug, Clone)]
 pub struct LeaseWatch {
     fence: i64,
+    fence_token: Option<String>,
     state: watch::Receiver<State>,
 }
 
@@ -280,6 +288,11 @@ impl LeaseWatch {
     /// The lease's fencing token.
     pub fn fence(&self) -> i64 {
         self.fence
+    }
+
+    /// See [`Lease::fence_token`].
+    pub fn fence_token(&self) -> Option<&str> {
+        self.fence_token.as_deref()
     }
 
     /// See [`Lease::is_held`].

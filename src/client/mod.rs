@@ -69,6 +69,10 @@ pub struct LockInfo {
     /// The fencing token: send it with every write the lease protects. Greater than every
     /// fence issued by the same store before this acquisition.
     pub fence: i64,
+    /// The fence signed for this resource, when the server has a fence key: send it as
+    /// `Fencing-Token` in place of the bare fence (guards with the key refuse bare fences).
+    #[serde(default)]
+    pub fence_token: Option<String>,
     /// When this lease was acquired, by the store's clock.
     pub acquired_at: DateTime<Utc>,
     /// When this lease expires, by the store's clock. Do not compare it with the local
@@ -116,7 +120,7 @@ pub struct Client {
     base: Arc<str>,
 }
 
-/// Builds a [`Client`]: base URL, timeouts, proxy use.
+/// Builds a [`Client`]: base URL, timeouts, proxy use, extra CA certificates.
 #[derive(Debug, Clone)]
 pub struct ClientBuilder {
     base_url: String,
@@ -124,6 +128,8 @@ pub struct ClientBuilder {
     connect_timeout: Duration,
     use_proxy: bool,
     bearer_token: Option<BearerToken>,
+    /// PEM bundles of CA certificates trusted beside the built-in roots.
+    root_certificates: Vec<Vec<u8>>,
 }
 
 /// A bearer secret: never shown by `Debug`.
@@ -164,8 +170,19 @@ impl ClientBuilder {
         self
     }
 
+    /// Also trusts the CA certificates in `pem` (one or more PEM `CERTIFICATE` blocks) for
+    /// an `https` server, beside the built-in web roots: for a server whose certificate was
+    /// issued by a private CA, or is self-signed (then `pem` is that certificate). The PEM is
+    /// read by [`ClientBuilder::build`], which fails with [`Error::Config`] if it holds no
+    /// certificate.
+    pub fn add_root_certificate_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificates.push(pem.into());
+        self
+    }
+
     /// Builds the client. Fails with [`Error::Config`] if the base URL is not an absolute
-    /// `http`/`https` URL without query or fragment, or the HTTP stack cannot start.
+    /// `http`/`https` URL without query or fragment, a CA certificate is not PEM, or the
+    /// HTTP stack cannot start.
     pub fn build(self) -> Result<Client, Error> {
         let base = base_url(&self.base_url)?;
         let mut http = reqwest::Client::builder()
@@ -185,6 +202,18 @@ impl ClientBuilder {
             let mut headers = reqwest::header::HeaderMap::new();
             headers.insert(reqwest::header::AUTHORIZATION, value);
             http = http.default_headers(headers);
+        }
+        for pem in &self.root_certificates {
+            let bundle = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| Error::Config(format!("CA certificate: {}", chain(&e))))?;
+            if bundle.is_empty() {
+                return Err(Error::Config(
+                    "CA certificate: no PEM certificate in it".to_owned(),
+                ));
+            }
+            for certificate in bundle {
+                http = http.add_root_certificate(certificate);
+            }
         }
         let http = http
             .build()
@@ -211,6 +240,7 @@ impl Client {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             use_proxy: true,
             bearer_token: None,
+            root_certificates: Vec::new(),
         }
     }
 

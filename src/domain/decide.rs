@@ -68,15 +68,13 @@ pub fn renew(
     fence: Option<Fence>,
     now: DateTime<Utc>,
 ) -> Decision<RenewOutcome> {
-    match current {
-        None => Err(RenewOutcome::NotFound),
-        Some(row) if !row.is_live(now) => Err(RenewOutcome::Expired),
-        Some(row) if !row.is_held_by(owner) => Err(RenewOutcome::OwnerMismatch),
-        Some(row) if fence.is_some_and(|f| f != row.fence) => {
-            Err(RenewOutcome::StaleFence { current: row.fence })
-        }
-        Some(_) => Ok(()),
-    }
+    let refusals = Refusals {
+        none: RenewOutcome::NotFound,
+        expired: RenewOutcome::Expired,
+        other_owner: RenewOutcome::OwnerMismatch,
+        stale: |current| RenewOutcome::StaleFence { current },
+    };
+    holder(current, owner, fence, now, refusals)
 }
 
 /// Whether to delete the lease, or why not. An expired lease counts as none.
@@ -86,13 +84,37 @@ pub fn release(
     fence: Option<Fence>,
     now: DateTime<Utc>,
 ) -> Decision<ReleaseOutcome> {
+    let refusals = Refusals {
+        none: ReleaseOutcome::NotFound,
+        expired: ReleaseOutcome::NotFound,
+        other_owner: ReleaseOutcome::NotOwner,
+        stale: |current| ReleaseOutcome::StaleFence { current },
+    };
+    holder(current, owner, fence, now, refusals)
+}
+
+/// How an operation on the holder's lease answers each refusal.
+struct Refusals<R, S: FnOnce(Fence) -> R> {
+    none: R,
+    expired: R,
+    other_owner: R,
+    stale: S,
+}
+
+/// The checks renew and release share, in the contract's order: a lease, live, of this
+/// owner, and (when given) of this fence.
+fn holder<R>(
+    current: Option<&Current<'_>>,
+    owner: &Owner,
+    fence: Option<Fence>,
+    now: DateTime<Utc>,
+    refusals: Refusals<R, impl FnOnce(Fence) -> R>,
+) -> Decision<R> {
     match current {
-        None => Err(ReleaseOutcome::NotFound),
-        Some(row) if !row.is_live(now) => Err(ReleaseOutcome::NotFound),
-        Some(row) if !row.is_held_by(owner) => Err(ReleaseOutcome::NotOwner),
-        Some(row) if fence.is_some_and(|f| f != row.fence) => {
-            Err(ReleaseOutcome::StaleFence { current: row.fence })
-        }
+        None => Err(refusals.none),
+        Some(row) if !row.is_live(now) => Err(refusals.expired),
+        Some(row) if !row.is_held_by(owner) => Err(refusals.other_owner),
+        Some(row) if fence.is_some_and(|f| f != row.fence) => Err((refusals.stale)(row.fence)),
         Some(_) => Ok(()),
     }
 }

@@ -31,6 +31,15 @@ impl Fence {
     }
 }
 
+/// A fence written in plain decimal (ASCII digits only: no sign, no space), in `1..2^53`.
+#[cfg(feature = "fence-token")]
+pub(crate) fn parse_decimal(text: &str) -> Option<Fence> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse::<i64>().ok().and_then(|n| Fence::new(n).ok())
+}
+
 impl TryFrom<i64> for Fence {
     type Error = FenceError;
 

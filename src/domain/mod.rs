@@ -4,12 +4,16 @@
 
 pub mod decide;
 mod fence;
+#[cfg(feature = "fence-token")]
+pub mod fence_token;
 mod lease;
 mod owner;
 mod resource_name;
 pub mod ttl;
 
 pub use fence::{Fence, FenceError};
+#[cfg(feature = "fence-token")]
+pub use fence_token::{FenceKey, FenceKeyError, FenceKeys};
 pub use lease::{
     AcquireOutcome, AcquireRequest, Acquisition, Lease, ReleaseOutcome, ReleaseRequest,
     RenewOutcome, RenewRequest, TokenQuota,

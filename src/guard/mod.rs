@@ -1,22 +1,33 @@
 //! The write guard, for services that must not accept a write from a holder whose lease has
-//! passed.
+//! passed, nor from anyone who was never given the lease.
 //!
 //! A protected service keeps, per protected key, the highest fence it has accepted, and
 //! checks it in the same transaction as the write:
 //!
-//! 1. [`FencingToken`] extracts the writer's fence from the `Fencing-Token` header
-//!    (missing: `428 fencing-token-required`; not a positive integer: `400`).
-//! 2. In the transaction that writes, [`postgres::admit`] or [`sqlite::admit`] compares the
-//!    fence with the highest accepted for the key and records it: `fence >= highest` is
-//!    admitted, a lower fence is [`Admission::Stale`] and the caller writes nothing.
+//! 1. [`FencingToken`] extracts the writer's `Fencing-Token` header as it is (missing:
+//!    `428 fencing-token-required`). It is not a fence yet: what it may write to depends on
+//!    the key of the write.
+//! 2. [`Guard::check`] turns the token into a [`CheckedFence`] for the key the write is for.
+//!    A guard with [`FenceKeys`] accepts only a token signed by one of them for that key
+//!    (`<fence>.<signature>`, see [`crate::domain::fence_token`]): a forged token, a token of
+//!    another key, or a bare fence is `403 invalid-fence-token`. A guard without keys takes a
+//!    bare fence (or the fence part of a signed token) as before (not a positive integer:
+//!    `400`).
+//! 3. In the transaction that writes, [`postgres::admit`] or [`sqlite::admit`] compares the
+//!    checked fence with the highest accepted for its key and records it: `fence >= highest`
+//!    is admitted, a lower fence is [`Admission::Stale`] and the caller writes nothing.
+//!
+//! `admit` takes only a [`CheckedFence`], which only [`Guard::check`] makes, so a service
+//! cannot reach the fence comparison without the signature check, nor check a token against
+//! one key and write to another.
 //!
 //! Because the check holds the key's guard row locked until the transaction ends, no write
 //! with a lower fence can slip in between the check and the commit.
 //!
-//! `admit` counts each decision in the [`GuardMetrics`] it is given
-//! (`fencelock_guard_writes_total{outcome="admitted"|"stale"}`), so every service that uses
-//! the guard exposes how many late writes it refused; serve them with
-//! [`crate::http::metrics::expose`].
+//! The guard counts each decision in its [`GuardMetrics`]
+//! (`fencelock_guard_writes_total{outcome="admitted"|"stale"|"invalid_token"}`), so every
+//! service that uses the guard exposes how many late or unsigned writes it refused; serve
+//! them with [`crate::http::metrics::expose`].
 
 #[cfg(feature = "guard-postgres")]
 pub mod postgres;
@@ -30,6 +41,7 @@ use actix_web::http::header::HeaderMap;
 use actix_web::{FromRequest, HttpRequest};
 
 use crate::domain::Fence;
+use crate::domain::fence_token::{self, FenceKeys};
 use crate::http::ApiError;
 use crate::metrics::{self, Registry, label};
 
@@ -54,7 +66,11 @@ pub struct GuardMetrics {
 impl GuardMetrics {
     pub fn register(registry: &Registry) -> Self {
         let writes = metrics::counter(registry, &metrics::GUARD_WRITES);
-        for outcome in [label::outcome::ADMITTED, label::outcome::STALE] {
+        for outcome in [
+            label::outcome::ADMITTED,
+            label::outcome::STALE,
+            label::outcome::INVALID_TOKEN,
+        ] {
             writes.with_label_values(&[outcome]);
         }
         Self { writes }
@@ -69,6 +85,76 @@ impl GuardMetrics {
         self.writes.with_label_values(&[outcome]).inc();
         admission
     }
+
+    /// Counts one token refused by [`Guard::check`].
+    fn refused(&self) {
+        self.writes
+            .with_label_values(&[label::outcome::INVALID_TOKEN])
+            .inc();
+    }
+}
+
+/// The guard of one service: the keys whose tokens it accepts (none: bare fences), and
+/// where it counts its decisions.
+#[derive(Clone)]
+pub struct Guard {
+    keys: FenceKeys,
+    metrics: GuardMetrics,
+}
+
+impl Guard {
+    /// A guard that accepts tokens signed by `keys` (current first, then earlier ones kept
+    /// for rotation); with no keys, bare fences.
+    pub fn new(keys: FenceKeys, metrics: GuardMetrics) -> Self {
+        Self { keys, metrics }
+    }
+
+    /// Where `admit` counts its decisions.
+    pub fn metrics(&self) -> &GuardMetrics {
+        &self.metrics
+    }
+
+    /// The fence `token` may write to `key` with, or why it may not: with keys, `403
+    /// invalid-fence-token` (counted) for anything but a token one of them signed for `key`;
+    /// without keys, `400` for anything but a fence.
+    pub fn check(&self, key: &str, token: &FencingToken) -> Result<CheckedFence, ApiError> {
+        let fence = if self.keys.is_empty() {
+            fence_token::unverified_fence(&token.0).ok_or_else(|| {
+                invalid(&format!(
+                    "{FENCING_TOKEN} must be a positive integer below 2^53, got {:?}",
+                    token.0
+                ))
+            })?
+        } else {
+            self.keys.verify(key, &token.0).map_err(|e| {
+                self.metrics.refused();
+                ApiError::InvalidFenceToken(format!("{FENCING_TOKEN} is refused for {key}: {e}"))
+            })?
+        };
+        Ok(CheckedFence {
+            key: key.to_owned(),
+            fence,
+        })
+    }
+}
+
+/// A fence the guard has accepted for a write to one key; only [`Guard::check`] makes one,
+/// and `admit` takes nothing else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedFence {
+    key: String,
+    fence: Fence,
+}
+
+impl CheckedFence {
+    /// The key the write is for.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub fn fence(&self) -> Fence {
+        self.fence
+    }
 }
 
 /// The `409 stale-fence` problem for a write to `key` refused by the guard.
@@ -81,37 +167,42 @@ pub fn stale_write(key: &str, current: Fence) -> ApiError {
     }
 }
 
-/// The fence of a write, from its `Fencing-Token` header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FencingToken(pub Fence);
+/// The `Fencing-Token` header of a write, as sent: a bare fence or a signed token. Only
+/// [`Guard::check`], told the key of the write, can turn it into a fence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FencingToken(String);
 
 impl FencingToken {
-    /// Reads the header: exactly one value of ASCII digits, a fence in `1..2^53`.
+    /// A token as a writer would send it (for services that read it from elsewhere, and
+    /// tests).
+    pub fn new(text: impl Into<String>) -> Self {
+        Self(text.into().trim().to_owned())
+    }
+
+    /// The token as sent.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Reads the header: exactly one non-empty value of visible ASCII.
     pub fn from_headers(headers: &HeaderMap) -> Result<Self, ApiError> {
         let mut values = headers.get_all(FENCING_TOKEN);
         let Some(value) = values.next() else {
             return Err(ApiError::FencingTokenRequired(format!(
-                "send the fence of your lease in the {FENCING_TOKEN} header"
+                "send the fence_token (or, to a guard without keys, the fence) of your lease in the {FENCING_TOKEN} header"
             )));
         };
         if values.next().is_some() {
             return Err(invalid(&format!("{FENCING_TOKEN} is given more than once")));
         }
         let text = value.to_str().map(str::trim).unwrap_or_default();
-        if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        if text.is_empty() || !text.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(invalid(&format!(
-                "{FENCING_TOKEN} must be a positive integer, got {text:?}"
+                "{FENCING_TOKEN} must be a fence or a fence token, got {:?}",
+                String::from_utf8_lossy(value.as_bytes())
             )));
         }
-        text.parse::<i64>()
-            .ok()
-            .and_then(|n| Fence::new(n).ok())
-            .map(Self)
-            .ok_or_else(|| {
-                invalid(&format!(
-                    "{FENCING_TOKEN} must be a positive integer below 2^53, got {text}"
-                ))
-            })
+        Ok(Self(text.to_owned()))
     }
 }
 
@@ -133,6 +224,7 @@ mod tests {
     use actix_web::http::header::{HeaderName, HeaderValue};
 
     use super::*;
+    use crate::domain::FenceKey;
 
     fn headers(values: &[&str]) -> HeaderMap {
         let mut map = HeaderMap::new();
@@ -145,6 +237,17 @@ mod tests {
         map
     }
 
+    fn guard(keys: Vec<FenceKey>) -> Guard {
+        Guard::new(
+            FenceKeys::new(keys),
+            GuardMetrics::register(&Registry::new()),
+        )
+    }
+
+    fn token(value: &str) -> FencingToken {
+        FencingToken::from_headers(&headers(&[value])).unwrap()
+    }
+
     #[test]
     fn missing_header_is_428() {
         let err = FencingToken::from_headers(&headers(&[])).unwrap_err();
@@ -152,23 +255,12 @@ mod tests {
     }
 
     #[test]
-    fn only_positive_integers_below_2_pow_53_pass() {
-        assert_eq!(
-            FencingToken::from_headers(&headers(&["42"]))
-                .unwrap()
-                .0
-                .get(),
-            42
-        );
-        assert_eq!(
-            FencingToken::from_headers(&headers(&[" 7 "]))
-                .unwrap()
-                .0
-                .get(),
-            7
-        );
+    fn without_keys_only_positive_integers_below_2_pow_53_pass() {
+        let guard = guard(vec![]);
+        let fence = |text| guard.check("k", &token(text)).map(|c| c.fence().get());
+        assert_eq!(fence("42").unwrap(), 42);
+        assert_eq!(fence(" 7 ").unwrap(), 7);
         for bad in [
-            "",
             "0",
             "-1",
             "+1",
@@ -178,10 +270,43 @@ mod tests {
             "9007199254740992",
             "99999999999999999999",
         ] {
-            let err = FencingToken::from_headers(&headers(&[bad])).unwrap_err();
+            let err = fence(bad).unwrap_err();
             assert_eq!(err.status_and_type().0.as_u16(), 400, "{bad:?}");
         }
+        let empty = FencingToken::from_headers(&headers(&[""])).unwrap_err();
+        assert_eq!(empty.status_and_type().0.as_u16(), 400);
         let twice = FencingToken::from_headers(&headers(&["1", "2"])).unwrap_err();
         assert_eq!(twice.status_and_type().0.as_u16(), 400);
+    }
+
+    #[test]
+    fn with_keys_only_a_token_signed_for_the_key_passes() {
+        let key = FenceKey::from_bytes(vec![3; 32]).unwrap();
+        let guard = guard(vec![key.clone()]);
+        let fence = Fence::new(9).unwrap();
+        let checked = guard.check("k", &token(&key.sign("k", fence))).unwrap();
+        assert_eq!((checked.key(), checked.fence()), ("k", fence));
+        for refused in [
+            key.sign("other", fence),
+            "9".to_owned(),
+            "9007199254740991".to_owned(),
+            format!("{}.AAAA", 9),
+        ] {
+            let err = guard.check("k", &token(&refused)).unwrap_err();
+            assert_eq!(
+                err.status_and_type(),
+                (
+                    actix_web::http::StatusCode::FORBIDDEN,
+                    "invalid-fence-token"
+                ),
+                "{refused:?}"
+            );
+        }
+        let refusals = guard
+            .metrics()
+            .writes
+            .with_label_values(&[label::outcome::INVALID_TOKEN])
+            .get();
+        assert_eq!(refusals, 4);
     }
 }

@@ -9,21 +9,21 @@
 //! ```
 //!
 //! ```no_run
-//! # use fencelock::domain::Fence;
-//! # use fencelock::guard::{self, Admission, GuardMetrics};
+//! # use fencelock::guard::{self, Admission, CheckedFence};
 //! async fn write(
 //!     client: &mut tokio_postgres::Client,
-//!     metrics: &GuardMetrics,
-//!     key: &str,
-//!     fence: Fence,
+//!     guard: &guard::Guard,
+//!     // From `guard.check(key, &token)?`, where `token` is the request's `FencingToken`
+//!     // and `key` the one this write is for: the token must be signed for that key.
+//!     fence: &CheckedFence,
 //!     body: &str,
 //! ) -> Result<Admission, tokio_postgres::Error> {
 //!     let tx = client.transaction().await?;
-//!     let admission = guard::postgres::admit(&tx, key, fence, metrics).await?;
+//!     let admission = guard::postgres::admit(&tx, fence, guard.metrics()).await?;
 //!     if let Admission::Stale { .. } = admission {
 //!         return Ok(admission); // dropping tx rolls back: nothing was written
 //!     }
-//!     tx.execute("UPDATE documents SET body = $2 WHERE key = $1", &[&key, &body])
+//!     tx.execute("UPDATE documents SET body = $2 WHERE key = $1", &[&fence.key(), &body])
 //!         .await?;
 //!     tx.commit().await?;
 //!     Ok(admission)
@@ -32,7 +32,7 @@
 
 use tokio_postgres::Transaction;
 
-use super::{Admission, GuardMetrics};
+use super::{Admission, CheckedFence, GuardMetrics};
 use crate::domain::Fence;
 
 /// The guard's table; idempotent, for a service's own migrations or start-up.
@@ -54,17 +54,18 @@ RETURNING g.fence";
 
 const CURRENT: &str = "SELECT fence FROM fence_guard WHERE key = $1";
 
-/// Admits a write with `fence` to `key`, or reports the greater fence already accepted.
+/// Admits a write with `checked`'s fence to its key, or reports the greater fence already
+/// accepted. [`super::Guard::check`] made `checked` from the writer's token, for this key.
 ///
 /// It takes the transaction that performs the write: call it before the write, and write
 /// only when admitted. The key's guard row stays locked until that transaction ends. The
 /// decision is counted in `metrics`.
 pub async fn admit(
     tx: &Transaction<'_>,
-    key: &str,
-    fence: Fence,
+    checked: &CheckedFence,
     metrics: &GuardMetrics,
 ) -> Result<Admission, tokio_postgres::Error> {
+    let (key, fence) = (checked.key(), checked.fence());
     if tx.query_opt(ADMIT, &[&key, &fence.get()]).await?.is_some() {
         return Ok(metrics.decided(Admission::Admitted));
     }

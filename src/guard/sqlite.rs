@@ -9,23 +9,23 @@
 //! ```
 //!
 //! ```no_run
-//! # use fencelock::domain::Fence;
-//! # use fencelock::guard::{self, Admission, GuardMetrics};
+//! # use fencelock::guard::{self, Admission, CheckedFence};
 //! use rusqlite::TransactionBehavior;
 //!
 //! fn write(
 //!     conn: &mut rusqlite::Connection,
-//!     metrics: &GuardMetrics,
-//!     key: &str,
-//!     fence: Fence,
+//!     guard: &guard::Guard,
+//!     // From `guard.check(key, &token)?`, where `token` is the request's `FencingToken`
+//!     // and `key` the one this write is for: the token must be signed for that key.
+//!     fence: &CheckedFence,
 //!     body: &str,
 //! ) -> rusqlite::Result<Admission> {
 //!     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-//!     let admission = guard::sqlite::admit(&tx, key, fence, metrics)?;
+//!     let admission = guard::sqlite::admit(&tx, fence, guard.metrics())?;
 //!     if let Admission::Stale { .. } = admission {
 //!         return Ok(admission); // dropping tx rolls back: nothing was written
 //!     }
-//!     tx.execute("UPDATE documents SET body = ?2 WHERE key = ?1", (key, body))?;
+//!     tx.execute("UPDATE documents SET body = ?2 WHERE key = ?1", (fence.key(), body))?;
 //!     tx.commit()?;
 //!     Ok(admission)
 //! }
@@ -33,7 +33,7 @@
 
 use rusqlite::{OptionalExtension, Transaction, params};
 
-use super::{Admission, GuardMetrics};
+use super::{Admission, CheckedFence, GuardMetrics};
 use crate::domain::Fence;
 
 /// The guard's table; idempotent, for a service's own migrations or start-up.
@@ -50,17 +50,18 @@ ON CONFLICT (key) DO UPDATE SET fence = excluded.fence, updated_at = excluded.up
     WHERE fence_guard.fence <= excluded.fence
 RETURNING fence";
 
-/// Admits a write with `fence` to `key`, or reports the greater fence already accepted.
+/// Admits a write with `checked`'s fence to its key, or reports the greater fence already
+/// accepted. [`super::Guard::check`] made `checked` from the writer's token, for this key.
 ///
 /// It takes the transaction that performs the write (best begun `IMMEDIATE`, so that
 /// SQLite's write lock is held from the check to the commit): call it before the write, and
 /// write only when admitted. The decision is counted in `metrics`.
 pub fn admit(
     tx: &Transaction<'_>,
-    key: &str,
-    fence: Fence,
+    checked: &CheckedFence,
     metrics: &GuardMetrics,
 ) -> rusqlite::Result<Admission> {
+    let (key, fence) = (checked.key(), checked.fence());
     let now = chrono::Utc::now().timestamp_millis();
     let admitted = tx
         .prepare_cached(ADMIT)?

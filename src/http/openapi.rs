@@ -91,6 +91,25 @@ fn http_layer_refusals() -> Vec<ApiError> {
 
 /// The problem answers of an operation, one per status: `type` is narrowed to the slugs the
 /// samples have at that status.
+/// Declares, for each `Name => samples;`, a type whose `IntoResponses` are the problem answers
+/// of those sample errors (see [`problems`]): the problem half of one operation's
+/// `responses(...)`, for every service's document.
+#[macro_export]
+macro_rules! problem_answers {
+    ($($name:ident => $samples:expr;)*) => {$(
+        pub struct $name;
+
+        impl ::utoipa::IntoResponses for $name {
+            fn responses() -> ::std::collections::BTreeMap<
+                String,
+                ::utoipa::openapi::RefOr<::utoipa::openapi::Response>,
+            > {
+                $crate::http::openapi::problems($samples)
+            }
+        }
+    )*};
+}
+
 pub fn problems(samples: impl IntoIterator<Item = ApiError>) -> BTreeMap<String, RefOr<Response>> {
     let mut by_status: BTreeMap<u16, (ApiError, Vec<&'static str>)> = BTreeMap::new();
     for sample in samples {

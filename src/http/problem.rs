@@ -63,6 +63,10 @@ pub enum ApiError {
     },
     #[error("{0}")]
     FencingTokenRequired(String),
+    /// The guard has keys, and the `Fencing-Token` is not a token one of them signed for the
+    /// key written: forged, of another resource, or a bare fence.
+    #[error("{0}")]
+    InvalidFenceToken(String),
     #[error("the request body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
     #[error("{0}")]
@@ -99,6 +103,7 @@ impl ApiError {
             Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             Self::ForbiddenScope(_) => (StatusCode::FORBIDDEN, "forbidden-scope"),
             Self::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "quota-exceeded"),
+            Self::InvalidFenceToken(_) => (StatusCode::FORBIDDEN, "invalid-fence-token"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not-found"),
             Self::MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
             Self::LeaseExpired(_) => (StatusCode::CONFLICT, "lease-expired"),
@@ -275,6 +280,11 @@ mod tests {
             (ApiError::Forbidden("x".into()), 403, "forbidden"),
             (ApiError::ForbiddenScope("x".into()), 403, "forbidden-scope"),
             (ApiError::QuotaExceeded("x".into()), 429, "quota-exceeded"),
+            (
+                ApiError::InvalidFenceToken("x".into()),
+                403,
+                "invalid-fence-token",
+            ),
             (ApiError::NotFound("x".into()), 404, "not-found"),
             (
                 ApiError::MethodNotAllowed {

@@ -8,12 +8,14 @@ use super::auth::Caller;
 use super::{AppState, openapi, parse};
 use crate::auth::Permission;
 use crate::domain::{
-    AcquireOutcome, Acquisition, Fence, Lease, ReleaseOutcome, RenewOutcome, ResourceName,
+    AcquireOutcome, Acquisition, Fence, FenceKey, Lease, ReleaseOutcome, RenewOutcome, ResourceName,
 };
 use crate::http::ApiError;
 use crate::http::body::JsonObject;
 
-/// A lease as clients see it. `owner` is shown only to the request that presented it.
+/// A lease as clients see it. `owner` is shown only to the request that presented it. The
+/// `fence_token`, like the fence it signs, is part of every lock object (API.md, *Signed
+/// fences*): it proves which fence the lease server issued for which resource.
 #[derive(Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = Lock)]
@@ -27,6 +29,12 @@ pub(super) struct LockView<'a> {
     /// The lease's fencing token: greater than every fence issued before it.
     #[schema(value_type = i64, minimum = 1, maximum = 9_007_199_254_740_991_i64)]
     fence: Fence,
+    /// Only when the server has a fence key: `<fence>.<signature>`, the fence signed for
+    /// this resource. Send it as `Fencing-Token` to guards that hold the same key; they
+    /// refuse bare fences.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String, required = false, pattern = r"^[1-9][0-9]*\.[A-Za-z0-9_-]{43}$")]
+    fence_token: Option<String>,
     /// RFC 3339 UTC, millisecond precision.
     #[schema(format = DateTime)]
     acquired_at: String,
@@ -39,18 +47,21 @@ pub(super) struct LockView<'a> {
 }
 
 impl<'a> LockView<'a> {
-    fn with_owner(lease: &'a Lease) -> Self {
+    /// The holder's view: with its owner, and its `fence_token` when `key` signs fences.
+    fn with_owner(lease: &'a Lease, key: Option<&FenceKey>) -> Self {
         Self {
             owner: Some(lease.owner.as_str()),
-            ..Self::without_owner(lease)
+            ..Self::without_owner(lease, key)
         }
     }
 
-    fn without_owner(lease: &'a Lease) -> Self {
+    /// Anyone's view: no owner.
+    fn without_owner(lease: &'a Lease, key: Option<&FenceKey>) -> Self {
         Self {
             resource: lease.resource.as_str(),
             owner: None,
             fence: lease.fence,
+            fence_token: key.map(|key| key.sign(lease.resource.as_str(), lease.fence)),
             acquired_at: rfc3339_millis(lease.acquired_at),
             expires_at: rfc3339_millis(lease.expires_at),
             expires_in_ms: lease.expires_in_ms(),
@@ -117,7 +128,7 @@ pub async fn acquire(
             );
             AcquireResponse::Acquired {
                 acquired: true,
-                lock: LockView::with_owner(lease),
+                lock: LockView::with_owner(lease, state.fence_key.as_ref()),
             }
         }
         AcquireOutcome::QuotaExceeded { max_leases } => {
@@ -161,7 +172,9 @@ pub async fn inspect(
     caller.allow(&resource, Permission::Read)?;
 
     match state.ask(state.store.inspect(&resource)).await? {
-        Some(lease) => Ok(HttpResponse::Ok().json(LockView::without_owner(&lease))),
+        Some(lease) => {
+            Ok(HttpResponse::Ok().json(LockView::without_owner(&lease, state.fence_key.as_ref())))
+        }
         None => Err(no_live_lease(&resource)),
     }
 }
@@ -199,7 +212,7 @@ pub async fn renew(
                 "lease renewed"
             );
             Ok(HttpResponse::Ok().json(RenewResponse {
-                lock: LockView::with_owner(&lease),
+                lock: LockView::with_owner(&lease, state.fence_key.as_ref()),
             }))
         }
         RenewOutcome::NotFound => Err(ApiError::NotFound(format!(

@@ -13,7 +13,7 @@ use std::time::Duration;
 use actix_web::middleware::from_fn;
 use actix_web::web;
 
-use crate::domain::Ttl;
+use crate::domain::{FenceKey, Ttl};
 use crate::http::{self, ApiError, resource};
 use crate::store::metered::StoreMetrics;
 use crate::store::{self, Deadline, SharedStore, StoreError};
@@ -32,6 +32,8 @@ pub struct AppState {
     /// Longest a request waits on the store; past it the answer is `503`, never a hang.
     pub store_timeout: Duration,
     pub metrics: metrics::LeaseMetrics,
+    /// Signs the `fence_token` of the lock objects given to holders; `None`: none is given.
+    pub fence_key: Option<FenceKey>,
 }
 
 impl AppState {

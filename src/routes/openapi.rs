@@ -7,17 +7,15 @@
 //! .../release` (the handler of `DELETE`), the lease without its owner that inspect shows,
 //! and the configured TTL maximum.
 
-use std::collections::BTreeMap;
-
 use actix_web::{HttpResponse, web};
 use serde_json::Value;
-use utoipa::openapi::{RefOr, Response};
-use utoipa::{IntoResponses, OpenApi};
+use utoipa::OpenApi;
+use utoipa::openapi::RefOr;
 
 use super::{AppState, health, locks};
 use crate::domain::Ttl;
 use crate::http::ApiError;
-use crate::http::openapi::{body_refusals, finish, invalid_input, problems, store_failures};
+use crate::http::openapi::{body_refusals, finish, invalid_input, store_failures};
 
 /// The prefix every lock path is also served under.
 pub const VERSION_PREFIX: &str = "/v1";
@@ -219,20 +217,8 @@ impl utoipa::PartialSchema for LiveLease {
 
 impl utoipa::ToSchema for LiveLease {}
 
-/// The problem answers of each operation, beyond those of the HTTP layer.
-macro_rules! problem_answers {
-    ($($name:ident => $samples:expr;)*) => {$(
-        pub struct $name;
-
-        impl IntoResponses for $name {
-            fn responses() -> BTreeMap<String, RefOr<Response>> {
-                problems($samples)
-            }
-        }
-    )*};
-}
-
-problem_answers! {
+// The problem answers of each operation, beyond those of the HTTP layer.
+crate::problem_answers! {
     AcquireProblems => [
         auth_refusals(),
         body_refusals(),

@@ -85,54 +85,35 @@ impl Metered {
     }
 }
 
-#[async_trait]
-impl LeaseStore for Metered {
-    async fn acquire(
-        &self,
-        req: &AcquireRequest,
-        deadline: Deadline,
-    ) -> Result<AcquireOutcome, StoreError> {
-        self.timed(label::op::ACQUIRE, self.inner.acquire(req, deadline))
-            .await
-    }
+/// The `LeaseStore` impl of `Metered`: each listed operation is passed to `inner` and
+/// timed under its `label::op`; the items after the list are written out as they are.
+macro_rules! timed_operations {
+    (
+        $( $name:ident($($arg:ident: $ty:ty),*) -> $out:ty = $op:ident; )*
+        @rest $($rest:tt)*
+    ) => {
+        #[async_trait]
+        impl LeaseStore for Metered {
+            $(
+                async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
+                    self.timed(label::op::$op, self.inner.$name($($arg),*)).await
+                }
+            )*
+            $($rest)*
+        }
+    };
+}
 
-    async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
-        self.timed(label::op::INSPECT, self.inner.inspect(resource))
-            .await
-    }
-
-    async fn renew(
-        &self,
-        req: &RenewRequest,
-        deadline: Deadline,
-    ) -> Result<RenewOutcome, StoreError> {
-        self.timed(label::op::RENEW, self.inner.renew(req, deadline))
-            .await
-    }
-
-    async fn release(
-        &self,
-        req: &ReleaseRequest,
-        deadline: Deadline,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        self.timed(label::op::RELEASE, self.inner.release(req, deadline))
-            .await
-    }
-
-    /// Timed per batch: `purge_expired` (the trait's own) calls this once per batch.
-    async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError> {
-        self.timed(label::op::PURGE, self.inner.purge_batch(grace, limit))
-            .await
-    }
-
-    async fn count_live(&self) -> Result<u64, StoreError> {
-        self.timed(label::op::COUNT, self.inner.count_live()).await
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.timed(label::op::PING, self.inner.ping()).await
-    }
-
+timed_operations! {
+    acquire(req: &AcquireRequest, deadline: Deadline) -> AcquireOutcome = ACQUIRE;
+    inspect(resource: &ResourceName) -> Option<Lease> = INSPECT;
+    renew(req: &RenewRequest, deadline: Deadline) -> RenewOutcome = RENEW;
+    release(req: &ReleaseRequest, deadline: Deadline) -> ReleaseOutcome = RELEASE;
+    // Timed per batch: `purge_expired` (the trait's own) calls this once per batch.
+    purge_batch(grace: Duration, limit: u64) -> u64 = PURGE;
+    count_live() -> u64 = COUNT;
+    ping() -> () = PING;
+    @rest
     fn describe(&self) -> String {
         self.inner.describe()
     }

@@ -6,8 +6,10 @@
 //!   server process's clock.
 //!
 //! Around either: [`metered::Metered`] times every operation and counts its failures, and
-//! two chores run beside the server, [`purge::Purge`] and [`live::LiveLeases`].
+//! two chores run beside the server ([`chore::Chore`]): [`purge::Purge`] and
+//! [`live::LiveLeases`].
 
+pub mod chore;
 mod config;
 pub mod live;
 pub mod metered;

@@ -14,15 +14,19 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use tokio::sync::OnceCell;
+use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
 
 use super::{Deadline, LeaseStore, StoreError};
 use crate::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, Lease, Owner, ReleaseOutcome,
     ReleaseRequest, RenewOutcome, RenewRequest, ResourceName,
 };
+
+pub mod tls;
+
+use tls::PgTls;
 
 mod embedded {
     refinery::embed_migrations!("migrations/postgres");
@@ -42,12 +46,16 @@ const MIGRATION_LOCK_KEY: i64 = 0x6665_6e63_656c_6f63; // "fencloc"
 pub struct PgConfig {
     pub config: tokio_postgres::Config,
     pub redacted_url: String,
+    /// `sslmode` and `sslrootcert` (see [`tls`]); `config`'s own SSL mode follows it.
+    pub tls: PgTls,
 }
 
 impl PgConfig {
     pub fn parse(url: &str) -> anyhow::Result<Self> {
-        let mut config = tokio_postgres::Config::from_str(url)
+        let (driver_url, tls) = tls::take_tls_parameters(url)?;
+        let mut config = tokio_postgres::Config::from_str(&driver_url)
             .map_err(|e| anyhow::anyhow!("invalid PostgreSQL URL: {e}"))?;
+        config.ssl_mode(tls.driver_mode());
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(POOL_TIMEOUT);
         }
@@ -63,6 +71,7 @@ impl PgConfig {
         Ok(Self {
             redacted_url: redact_password(url),
             config,
+            tls,
         })
     }
 }
@@ -73,12 +82,8 @@ impl PgConfig {
 /// `statement_timeout`, so an outage is answered with `503` rather than a hang.
 ///
 /// Connections are made on first use, not here.
-pub fn pool(
-    config: &PgConfig,
-    pool_size: usize,
-    statement_timeout: Duration,
-) -> anyhow::Result<Pool> {
-    let mut config = config.config.clone();
+pub fn pool(pg: &PgConfig, pool_size: usize, statement_timeout: Duration) -> anyhow::Result<Pool> {
+    let mut config = pg.config.clone();
     let options = format!(
         "{} -c statement_timeout={}",
         config.get_options().unwrap_or_default(),
@@ -87,7 +92,7 @@ pub fn pool(
     config.options(options.trim_start());
     let manager = Manager::from_connect(
         config,
-        OnDriverRuntime,
+        OnDriverRuntime(pg.tls.connector.clone()),
         ManagerConfig {
             // A closed connection is detected without a round trip; one that dies while
             // idle fails its next statement with a 503, and the pool replaces it.
@@ -121,8 +126,8 @@ static DRIVERS: std::sync::LazyLock<tokio::runtime::Runtime> = std::sync::LazyLo
         .expect("starting the PostgreSQL connection runtime")
 });
 
-/// Opens pool connections on [`DRIVERS`].
-struct OnDriverRuntime;
+/// Opens pool connections on [`DRIVERS`], with TLS as `sslmode` asks.
+struct OnDriverRuntime(tls::MakeRustlsConnect);
 
 impl deadpool_postgres::Connect for OnDriverRuntime {
     fn connect(
@@ -133,9 +138,10 @@ impl deadpool_postgres::Connect for OnDriverRuntime {
         Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
     > {
         let config = config.clone();
+        let tls = self.0.clone();
         Box::pin(async move {
             let opened = DRIVERS.spawn(async move {
-                let (client, connection) = config.connect(NoTls).await?;
+                let (client, connection) = config.connect(tls).await?;
                 let driver = tokio::spawn(async move {
                     if let Err(e) = connection.await {
                         tracing::debug!(error = %e, "PostgreSQL connection ended");
@@ -275,7 +281,12 @@ impl PgStore {
     async fn migrate(&self) -> Result<(), StoreError> {
         // A dedicated session, not a pooled one: the advisory lock dies with it even if a
         // step below fails.
-        let (mut client, connection) = self.config.config.connect(NoTls).await.map_err(classify)?;
+        let (mut client, connection) = self
+            .config
+            .config
+            .connect(self.config.tls.connector.clone())
+            .await
+            .map_err(classify)?;
         let driver = tokio::spawn(connection);
         let result = async {
             // A standby cannot be migrated, and could not take a lease anyway: say so, and
@@ -320,7 +331,7 @@ impl PgStore {
         let (mut client, connection) = self
             .config
             .config
-            .connect(NoTls)
+            .connect(self.config.tls.connector.clone())
             .await
             .map_err(|e| anyhow::anyhow!("{:#}", classify(e)))?;
         let driver = tokio::spawn(connection);
@@ -670,6 +681,12 @@ const DEADLINE_PASSED: &str = "FL408";
 /// else (a bad statement, a broken schema) is `Internal` (`500`). Public so that services
 /// beside the lease store (the demo store) sort their own failures the same way.
 pub fn classify(e: tokio_postgres::Error) -> StoreError {
+    if let Some(cause) = tls::handshake_failure(&e) {
+        // Not `e` itself: its text ("error performing TLS handshake") adds nothing.
+        return StoreError::Misconfigured(anyhow::anyhow!(
+            "TLS with PostgreSQL failed ({cause}); check sslmode, sslrootcert and the server's certificate"
+        ));
+    }
     match e.code() {
         Some(code) if code.code() == DEADLINE_PASSED => return StoreError::too_late(),
         Some(code) if code == &SqlState::READ_ONLY_SQL_TRANSACTION => {

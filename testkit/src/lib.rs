@@ -27,15 +27,18 @@
 //!   name and labels; [`TestApp::metrics`] fetches one.
 //! - [`openapi`]: checks of a service's OpenAPI document against the live service.
 //! - [`closed_port`]: a local port nothing listens on, for "unreachable" tests.
+//! - `output`: [`assert_succeeded`], for a command run to its end.
 
 mod exposition;
 pub mod openapi;
+mod output;
 mod proxy;
 mod raw;
 mod server;
 mod storage;
 
 pub use exposition::{Exposition, Sample, TEXT_FORMAT};
+pub use output::assert_succeeded;
 pub use proxy::Proxy;
 pub use raw::{RawResponse, assert_raw_problem, parse_raw, raw_exchange};
 pub use server::{

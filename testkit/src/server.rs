@@ -100,6 +100,11 @@ impl TestApp {
 
     pub async fn spawn_with(db: Arc<TestDb>, settings: Settings) -> Self {
         init_logging();
+        let scheme = if settings.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let (ready, built) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {
@@ -121,7 +126,8 @@ impl TestApp {
             .expect("the server thread answers")
             .unwrap_or_else(|e| panic!("the server builds: {e:#}"));
         Self {
-            address: format!("http://127.0.0.1:{port}"),
+            // Over HTTPS, `client` trusts no test CA: TLS tests bring a client of their own.
+            address: format!("{scheme}://127.0.0.1:{port}"),
             client: client(),
             db,
             store,
@@ -219,12 +225,7 @@ impl TestApp {
     pub async fn metrics(&self) -> crate::Exposition {
         let response = self.get("/metrics").await;
         assert_eq!(response.status(), StatusCode::OK);
-        let content_type = response
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
+        let content_type = header(&response, "content-type");
         assert_eq!(content_type, crate::TEXT_FORMAT);
         crate::Exposition::parse(&response.text().await.expect("metrics text"))
     }
@@ -280,19 +281,9 @@ pub fn fence(lock: &Value) -> i64 {
 /// Asserts an RFC 9457 problem with the given status and type; returns its body.
 pub async fn assert_problem(response: Response, status: u16, kind: &str) -> Value {
     assert_eq!(response.status().as_u16(), status, "status");
-    let content_type = response
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let content_type = header(&response, "content-type");
     let path = response.url().path().to_owned();
-    let request_id = response
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let request_id = header(&response, "x-request-id");
     let body: Value = response.json().await.expect("problem body is JSON");
     assert_eq!(content_type, "application/problem+json", "{body}");
     assert_eq!(body["type"], json!(kind), "{body}");
@@ -351,4 +342,14 @@ tokio::task_local! {
 /// the test spawns itself keep the unprefixed paths.
 pub async fn under_v1<F: Future>(test: F) -> F::Output {
     LOCK_PREFIX.scope("/v1", test).await
+}
+
+/// A response header's value as text; empty when absent or not text.
+fn header(response: &Response, name: &str) -> String {
+    response
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
 }

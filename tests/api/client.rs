@@ -40,6 +40,13 @@ async fn sqlite_app() -> (TestApp, Client) {
     (app, client)
 }
 
+/// [`sqlite_app`], with a lease on `job:1` for `ttl` taken by the client.
+async fn sqlite_app_leased(ttl: Duration) -> (TestApp, Client, Lease) {
+    let (app, client) = sqlite_app().await;
+    let lease = client.lease("job:1", ttl).await.expect("leased");
+    (app, client, lease)
+}
+
 /// Retries quick enough for a test: from 20 ms, doubling up to 200 ms, until `deadline`.
 fn quick_retries(deadline: Duration) -> RetryPolicy {
     RetryPolicy {
@@ -264,9 +271,8 @@ async fn retry_gives_up_at_its_deadline() {
 /// time, same fence, and the server shows it live with that fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_renews_through_several_ttls() {
-    let (_server, client) = sqlite_app().await;
     let ttl = Duration::from_secs(2);
-    let lease = client.lease("job:1", ttl).await.expect("leased");
+    let (_server, client, lease) = sqlite_app_leased(ttl).await;
     let fence = lease.fence();
     assert_eq!(lease.resource(), "job:1");
 
@@ -295,9 +301,8 @@ async fn lease_renews_through_several_ttls() {
 /// the lease's own expiry — to the lease and to its watchers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_renewal_is_reported_promptly() {
-    let (app, client) = sqlite_app().await;
     let ttl = Duration::from_secs(3);
-    let lease = client.lease("job:1", ttl).await.expect("leased");
+    let (app, client, lease) = sqlite_app_leased(ttl).await;
     let watch = lease.watch();
     let watcher = tokio::spawn(async move { watch.lost().await });
 
@@ -353,8 +358,7 @@ async fn blocked_renewals_are_reported_lost_before_expiry() {
 /// `release()` frees the resource at once; dropping a `Lease` releases it in the background.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_and_drop_free_the_resource() {
-    let (_server, client) = sqlite_app().await;
-    let lease = client.lease("job:1", LONG).await.expect("leased");
+    let (_server, client, lease) = sqlite_app_leased(LONG).await;
     let watch = lease.watch();
     lease.release().await.expect("released");
     assert_eq!(client.inspect("job:1").await.expect("inspect"), None);

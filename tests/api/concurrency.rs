@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestApp, TestDb, fence};
+use crate::helpers::{StoreKind, TTL, TestApp, TestDb, fence, release_status, renew_status};
 
 /// Races `contenders` acquisitions of one free resource, spread over `apps`; returns the
 /// winners' fences.
@@ -82,16 +82,8 @@ async fn two_instances_share_leases_and_fences(kind: StoreKind) {
     assert_eq!(b.fence_of("shared").await, fence(&lock));
     let refused: Value = b.acquire("shared", "y", TTL).await.json().await.unwrap();
     assert_eq!(refused["acquired"], json!(false));
-    assert_eq!(
-        b.renew("shared", json!({ "owner": "x", "ttl_seconds": TTL }))
-            .await
-            .status(),
-        200
-    );
-    assert_eq!(
-        b.release("shared", json!({ "owner": "x" })).await.status(),
-        204
-    );
+    assert_eq!(renew_status(&b, "shared", "x").await, 200);
+    assert_eq!(release_status(&b, "shared", "x").await, 204);
     assert_eq!(a.inspect("shared").await.status(), 404);
 
     // Alternating instances: one sequence, strictly increasing.

@@ -31,3 +31,5 @@ mod readme;
 mod release;
 mod renew;
 mod restart;
+mod signed_fences;
+mod tls;

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::json;
 
-use crate::helpers::{Exposition, StoreKind, TTL, TestApp, TestDb, fence};
+use crate::helpers::{
+    Exposition, StoreKind, TTL, TestApp, TestDb, assert_unlabelled, fence, release_status,
+    renew_status,
+};
 
 const ACQUIRE: &str = "fencelock_acquire_total";
 const RENEW: &str = "fencelock_renew_total";
@@ -93,13 +96,12 @@ async fn each_answer_is_counted_once_under_its_outcome(kind: StoreKind) {
     );
     assert_eq!(metrics.family("fencelock_build_info").len(), 1);
 
-    assert_eq!(
-        metrics.value("fencelock_lease_held_seconds_count", &[]),
-        1.0
-    );
-    assert_eq!(
-        metrics.value("fencelock_leases_expired_while_held_total", &[]),
-        0.0
+    assert_unlabelled(
+        &metrics,
+        &[
+            ("fencelock_lease_held_seconds_count", 1.0),
+            ("fencelock_leases_expired_while_held_total", 0.0),
+        ],
     );
     for op in ["acquire", "renew", "release"] {
         let count = metrics.value("fencelock_store_seconds_count", &[("op", op)]);
@@ -164,13 +166,12 @@ async fn a_takeover_after_expiry_counts_a_lease_expired_while_held(kind: StoreKi
     assert_eq!(outcome(&metrics, ACQUIRE, "acquired"), 1.0);
     assert_eq!(outcome(&metrics, ACQUIRE, "taken_over"), 1.0);
     assert_eq!(outcome(&metrics, ACQUIRE, "reacquired"), 1.0);
-    assert_eq!(
-        metrics.value("fencelock_leases_expired_while_held_total", &[]),
-        1.0
-    );
-    assert_eq!(
-        metrics.value("fencelock_lease_held_seconds_count", &[]),
-        0.0
+    assert_unlabelled(
+        &metrics,
+        &[
+            ("fencelock_leases_expired_while_held_total", 1.0),
+            ("fencelock_lease_held_seconds_count", 0.0),
+        ],
     );
 }
 
@@ -186,16 +187,8 @@ async fn refusals_are_counted_under_their_outcomes(kind: StoreKind) {
     };
     assert_eq!(renew("b", fence(&lock)).await.status(), 409);
     assert_eq!(renew("a", fence(&lock) + 1).await.status(), 409);
-    assert_eq!(
-        app.renew("none", json!({ "owner": "a", "ttl_seconds": TTL }))
-            .await
-            .status(),
-        404
-    );
-    assert_eq!(
-        app.release("job", json!({ "owner": "b" })).await.status(),
-        403
-    );
+    assert_eq!(renew_status(&app, "none", "a").await, 404);
+    assert_eq!(release_status(&app, "job", "b").await, 403);
     assert_eq!(
         app.release("none", json!({ "owner": "a" })).await.status(),
         404

@@ -6,9 +6,9 @@
 
 use std::process::Output;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::helpers::{StoreKind, TTL, TestDb, admin_url, client};
+use crate::helpers::{StoreKind, TestDb, admin_url, assert_succeeded, client};
 use crate::process::{ServerProcess, command};
 
 /// `admin_url` with its login replaced by `user`.
@@ -42,17 +42,12 @@ fn check(url: &str) -> Output {
 
 /// The server started on `url` answers `503` to store work, names `cause` in `/readyz` and in
 /// one ERROR line, and `fencelock check` fails with `cause` in one line.
-async fn misconfiguration_is_named(url: &str, cause: &str) {
+pub(crate) async fn misconfiguration_is_named(url: &str, cause: &str) {
     let dir = tempfile::tempdir().unwrap();
     let server = ServerProcess::start(Some(url), dir.path());
     let client = client();
     for i in 0..3 {
-        let response = client
-            .post(server.url(&format!("/locks/job:{i}")))
-            .json(&json!({ "owner": "a", "ttl_seconds": TTL }))
-            .send()
-            .await
-            .unwrap();
+        let response = server.acquire(&client, &format!("job:{i}"), "a").await;
         assert_eq!(response.status(), 503);
         let problem: Value = response.json().await.unwrap();
         assert_eq!(problem["type"], "store-unavailable");
@@ -130,12 +125,7 @@ async fn check_passes_only_a_store_ready_to_serve() {
             .unwrap();
         assert!(migrated.status.success(), "{migrated:?}");
         let ready = check(&db.url());
-        let stdout = String::from_utf8_lossy(&ready.stdout);
-        assert!(
-            ready.status.success(),
-            "{kind:?}: {}",
-            String::from_utf8_lossy(&ready.stderr)
-        );
+        let stdout = assert_succeeded(&ready, &format!("{kind:?}"));
         assert!(stdout.starts_with("fencelock check: ok:"), "{stdout}");
         assert!(stdout.contains("schema version 3"), "{stdout}");
     }

@@ -13,7 +13,7 @@ use crate::helpers::{RowLock, StoreKind, TTL, TestDb, client};
 
 /// Every setting: its flag and its environment variable, as `--help` must name them. Both
 /// are cleared for the tests' processes, so that a developer's shell cannot leak into them.
-const SETTINGS: [(&str, &str); 13] = [
+const SETTINGS: [(&str, &str); 16] = [
     ("--bind", "FENCELOCK_BIND"),
     ("--database-url", "DATABASE_URL"),
     ("--max-ttl-seconds", "FENCELOCK_MAX_TTL_SECONDS"),
@@ -33,6 +33,9 @@ const SETTINGS: [(&str, &str); 13] = [
     ),
     ("--auth-file", "FENCELOCK_AUTH_FILE"),
     ("--allow-unauthenticated", "FENCELOCK_ALLOW_UNAUTHENTICATED"),
+    ("--tls-cert", "FENCELOCK_TLS_CERT"),
+    ("--tls-key", "FENCELOCK_TLS_KEY"),
+    ("--fence-key", "FENCELOCK_FENCE_KEY"),
 ];
 
 pub fn command(database_url: Option<&str>, cwd: &Path) -> Command {
@@ -63,12 +66,18 @@ impl ServerProcess {
         Self::start_with(database_url, cwd, &[])
     }
 
-    /// [`Self::start`] with more arguments; a `--bind` among them replaces the loopback one.
+    /// [`Self::start`] with more arguments; a `--bind` among them replaces the loopback one,
+    /// and with `--tls-cert` the address is an `https` one.
     pub fn start_with(database_url: Option<&str>, cwd: &Path, args: &[&str]) -> Self {
         let bind: &[&str] = if args.contains(&"--bind") {
             &[]
         } else {
             &["--bind", "127.0.0.1:0"]
+        };
+        let scheme = if args.contains(&"--tls-cert") {
+            "https"
+        } else {
+            "http"
         };
         let mut child = command(database_url, cwd)
             .args(bind)
@@ -103,7 +112,7 @@ impl ServerProcess {
             .unwrap_or_else(|_| panic!("the server did not start; log: {:?}", log.lock().unwrap()));
         Self {
             child,
-            address: format!("http://{address}"),
+            address: format!("{scheme}://{address}"),
             log,
             close_log,
         }
@@ -121,6 +130,21 @@ impl ServerProcess {
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.address)
+    }
+
+    /// `POST /locks/{resource}` by `owner` for [`TTL`] seconds.
+    pub async fn acquire(
+        &self,
+        client: &reqwest::Client,
+        resource: &str,
+        owner: &str,
+    ) -> reqwest::Response {
+        client
+            .post(self.url(&format!("/locks/{resource}")))
+            .json(&json!({ "owner": owner, "ttl_seconds": TTL }))
+            .send()
+            .await
+            .unwrap()
     }
 
     pub fn log_text(&self) -> String {

@@ -229,12 +229,7 @@ async fn postgres_read_only_database_answers_503() {
     let server = ServerProcess::start(Some(&db.url()), dir.path());
     let client = crate::helpers::client();
     for i in 0..5 {
-        let response = client
-            .post(server.url(&format!("/locks/job:{i}")))
-            .json(&json!({ "owner": "b", "ttl_seconds": TTL }))
-            .send()
-            .await
-            .unwrap();
+        let response = server.acquire(&client, &format!("job:{i}"), "b").await;
         assert_eq!(response.status(), 503);
     }
     assert_eq!(

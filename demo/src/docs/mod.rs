@@ -12,8 +12,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock::domain::{Fence, ResourceName};
-use fencelock::guard::GuardMetrics;
-use fencelock::metrics::Registry;
+use fencelock::guard::{CheckedFence, Guard};
 use fencelock::store::StoreError;
 use fencelock::store::{StoreConfig, StoreOptions};
 use serde::Serialize;
@@ -127,12 +126,13 @@ impl WritesPage {
     }
 }
 
-/// A write attempt: `value` for `key`, by the holder of the lease with `fence`.
+/// A write attempt: `value` for `key`, by the holder of the lease with `fence` (which the
+/// guard checked for `key`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Write {
     pub key: ResourceName,
     pub value: Value,
-    pub fence: Fence,
+    pub fence: CheckedFence,
 }
 
 impl Write {
@@ -142,7 +142,7 @@ impl Write {
         Put::Applied(Doc {
             key: self.key.to_string(),
             value: self.value.clone(),
-            fence: self.fence.get(),
+            fence: self.fence.fence().get(),
             updated_at,
         })
     }
@@ -195,15 +195,15 @@ pub type SharedDocs = Arc<dyn DocStore>;
 /// contact. A SQLite file that cannot be opened is fatal, since nothing would change by
 /// waiting.
 ///
-/// The guard counts its decisions in `registry`, the registry the store's `GET /metrics`
-/// serves (see [`crate::app::DemoServer::build`]).
+/// The guard counts its decisions in `guard`'s metrics, in the registry the store's
+/// `GET /metrics` serves (see [`crate::app::DemoServer::build`]).
 pub async fn open(
     url: Option<&str>,
     guarding: Guarding,
     settings: StoreOptions,
-    registry: &Registry,
+    guard: &Guard,
 ) -> anyhow::Result<SharedDocs> {
-    let guard = GuardMetrics::register(registry);
+    let guard = guard.metrics().clone();
     let config = match url.map(str::trim).filter(|u| !u.is_empty()) {
         None => StoreConfig::Sqlite(PathBuf::from(DEFAULT_SQLITE_FILE)),
         Some(url) => StoreConfig::parse(url)?,

@@ -96,7 +96,7 @@ impl DocStore for PgDocs {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(classify)?;
         let admission = match self.guarding {
-            Guarding::On => guard::postgres::admit(&tx, key.as_str(), *fence, &self.guard)
+            Guarding::On => guard::postgres::admit(&tx, fence, &self.guard)
                 .await
                 .map_err(classify)?,
             Guarding::Off => Admission::Admitted,
@@ -109,7 +109,7 @@ impl DocStore for PgDocs {
                          ON CONFLICT (key) DO UPDATE SET
                              value = EXCLUDED.value, fence = EXCLUDED.fence, updated_at = EXCLUDED.updated_at
                          RETURNING updated_at",
-                        &[&key.as_str(), &value.to_string(), &fence.get()],
+                        &[&key.as_str(), &value.to_string(), &fence.fence().get()],
                     )
                     .await
                     .map_err(classify)?
@@ -120,7 +120,7 @@ impl DocStore for PgDocs {
         };
         tx.execute(
             "INSERT INTO doc_writes (key, fence, outcome) VALUES ($1, $2, $3)",
-            &[&key.as_str(), &fence.get(), &put.outcome().as_str()],
+            &[&key.as_str(), &fence.fence().get(), &put.outcome().as_str()],
         )
         .await
         .map_err(classify)?;

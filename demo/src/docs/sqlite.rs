@@ -83,10 +83,10 @@ impl DocStore for SqliteDocs {
     async fn put(&self, write: &Write) -> Result<Put, StoreError> {
         let (write, guarding, guard) = (write.clone(), self.guarding, self.guard.clone());
         self.with(move |conn| {
-            let (key, fence) = (write.key.as_str(), write.fence);
+            let (key, fence) = (write.key.as_str(), write.fence.fence());
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let admission = match guarding {
-                Guarding::On => guard::sqlite::admit(&tx, key, fence, &guard)?,
+                Guarding::On => guard::sqlite::admit(&tx, &write.fence, &guard)?,
                 Guarding::Off => Admission::Admitted,
             };
             let now = Utc::now().timestamp_millis();
