@@ -26,9 +26,13 @@
 //! - `exposition`: [`Exposition`], a `GET /metrics` answer parsed into samples, looked up by
 //!   name and labels; [`TestApp::metrics`] fetches one.
 //! - [`openapi`]: checks of a service's OpenAPI document against the live service.
+//! - `cluster`: [`PrivateCluster`], a PostgreSQL cluster of the test's own (from the
+//!   installed server binaries, on a free port) whose TLS rules ([`ClusterTls`]) the shared
+//!   test server cannot be made to have: TLS required, or not offered.
 //! - [`closed_port`]: a local port nothing listens on, for "unreachable" tests.
 //! - `output`: [`assert_succeeded`], for a command run to its end.
 
+mod cluster;
 mod exposition;
 pub mod openapi;
 mod output;
@@ -37,6 +41,7 @@ mod raw;
 mod server;
 mod storage;
 
+pub use cluster::{ClusterOptions, ClusterTls, PrivateCluster};
 pub use exposition::{Exposition, Sample, TEXT_FORMAT};
 pub use output::assert_succeeded;
 pub use proxy::Proxy;
