@@ -676,15 +676,25 @@ fn fence(row: &Row, index: usize) -> Result<Fence, StoreError> {
 const DEADLINE_PASSED: &str = "FL408";
 
 /// The one place PostgreSQL failures are sorted, by SQLSTATE and connection state, never by
-/// message text: connection loss, timeouts and a busy or restarting server are
-/// `Unavailable` (`503`); a database that refuses writes is `NotWritable` (`503`); anything
-/// else (a bad statement, a broken schema) is `Internal` (`500`). Public so that services
-/// beside the lease store (the demo store) sort their own failures the same way.
+/// the server's message text: a TLS setting that cannot work (a failed handshake, a server
+/// without TLS for an `sslmode` that requires it) and a refused login or database are
+/// `Misconfigured` (`503`, reported loudly); connection loss, timeouts and a busy or
+/// restarting server are `Unavailable` (`503`); a database that refuses writes is
+/// `NotWritable` (`503`); anything else (a bad statement, a broken schema) is `Internal`
+/// (`500`). Public so that services beside the lease store (the demo store) sort their own
+/// failures the same way.
 pub fn classify(e: tokio_postgres::Error) -> StoreError {
     if let Some(cause) = tls::handshake_failure(&e) {
         // Not `e` itself: its text ("error performing TLS handshake") adds nothing.
         return StoreError::Misconfigured(anyhow::anyhow!(
             "TLS with PostgreSQL failed ({cause}); check sslmode, sslrootcert and the server's certificate"
+        ));
+    }
+    if tls::server_refused_tls(&e) {
+        return StoreError::Misconfigured(anyhow::anyhow!(
+            "the PostgreSQL server does not support TLS (its ssl setting is off), but \
+             sslmode=require (or verify-ca, verify-full) insists on it; turn ssl on at the \
+             server, or use sslmode=prefer or disable"
         ));
     }
     match e.code() {

@@ -155,10 +155,20 @@ impl PrivateCluster {
         self.port
     }
 
+    /// The server's certificate (PEM), self-signed: its own root.
+    pub fn certificate(&self) -> PathBuf {
+        self.dir.path().join("data").join("server.crt")
+    }
+
     /// `postgres://postgres@127.0.0.1:PORT/postgres`, then `params` (such as
     /// `sslmode=require`) as its query, if not empty.
     pub fn url(&self, params: &str) -> String {
-        let url = format!("postgres://postgres@127.0.0.1:{}/postgres", self.port);
+        self.database_url("postgres", params)
+    }
+
+    /// [`Self::url`] for database `name`.
+    pub fn database_url(&self, name: &str, params: &str) -> String {
+        let url = format!("postgres://postgres@127.0.0.1:{}/{name}", self.port);
         if params.is_empty() {
             url
         } else {

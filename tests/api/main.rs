@@ -11,6 +11,7 @@ mod helpers;
 mod acquire;
 mod auth;
 mod client;
+mod cluster_tls;
 mod concurrency;
 mod connections;
 mod decisions;

@@ -394,7 +394,7 @@ fn pg_port() -> u16 {
     postgres_addr().port()
 }
 
-fn url_encode(text: &str) -> String {
+pub(crate) fn url_encode(text: &str) -> String {
     text.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {

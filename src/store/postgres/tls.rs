@@ -271,6 +271,19 @@ pub fn handshake_failure(e: &tokio_postgres::Error) -> Option<&rustls::Error> {
     None
 }
 
+/// Whether `e` is tokio-postgres giving up because the server answered its TLS request "no"
+/// while `sslmode` requires TLS: the server has `ssl = off`, a setting to fix on one side or
+/// the other, not an outage to wait out. The driver gives this failure no kind that can be
+/// asked for (its error kinds are private): it is its TLS error whose cause is its own fixed
+/// text, so that text is compared here. It is the driver's text, not the server's (which
+/// may be translated); the private-cluster test with `ssl = off` fails if a driver version
+/// changes it.
+pub fn server_refused_tls(e: &tokio_postgres::Error) -> bool {
+    const REFUSED: &str = "server does not support TLS";
+    e.as_db_error().is_none()
+        && std::error::Error::source(e).is_some_and(|cause| cause.to_string() == REFUSED)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
