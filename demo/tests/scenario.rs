@@ -17,6 +17,7 @@ fn story(args: &[&str]) -> Output {
         .arg("paused-worker")
         .args(args)
         .env_remove("RUST_LOG")
+        .env_remove("FENCELOCK_DEMO_TOKEN")
         .output()
         .expect("the demo binary runs")
 }
@@ -71,6 +72,78 @@ fn signed_story_rejects_the_late_write_as_stale() {
         "{stderr}"
     );
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
+
+/// A lease server that requires bearer tokens (`--auth-file`) and signs fences
+/// (`--fence-key`): the story passes its `--token` through, its workers write with the
+/// signed tokens (the store, started by the story with the same key, takes nothing else), and
+/// A's late write is rejected as stale. Without the token the story stops at the first
+/// acquire, in one line that names the server's `401`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn story_passes_its_token_to_a_lease_server_with_an_auth_file() {
+    use fencelock::auth::{hex, sha256};
+    use fencelock::domain::FenceKey;
+    use fencelock_testkit::{StoreKind, TestApp};
+
+    const SECRET: &str = "story-secret-0123456789abcdef";
+    let auth = format!(
+        r#"
+[[tokens]]
+name = "story"
+sha256 = "{}"
+prefixes = ["report:"]
+permissions = ["lock", "read"]
+"#,
+        hex(&sha256(SECRET.as_bytes()))
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("fence.key");
+    std::fs::write(
+        &key_file,
+        (0..32).map(|_| rand::random::<u8>()).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let key = FenceKey::read(&key_file).unwrap();
+    let (leases, _auth_dir) =
+        TestApp::spawn_with_auth_and(StoreKind::Sqlite, &auth, move |settings| {
+            settings.fence_key = Some(key);
+        })
+        .await;
+    let key_file = key_file.display().to_string();
+    let lease_url = leases.address.clone();
+    let run = move |token: Option<&'static str>| {
+        let (key_file, lease_url) = (key_file.clone(), lease_url.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut args = vec![
+                "--ttl-seconds",
+                "1",
+                "--lease-url",
+                &lease_url,
+                "--fence-key",
+                &key_file,
+            ];
+            args.extend(token.iter().flat_map(|token| ["--token", *token]));
+            story(&args)
+        })
+    };
+
+    let output = run(Some(SECRET)).await.unwrap();
+    let stdout = assert_succeeded(&output, "story with a token");
+    assert!(stdout.contains("fences:       signed"), "{stdout}");
+    assert!(stdout.contains("A's late write with fence"), "{stdout}");
+    assert!(stdout.contains("REJECTED (409 stale-fence"), "{stdout}");
+    assert!(!stdout.contains("invalid-fence-token"), "{stdout}");
+    assert!(
+        stdout.contains("OK: the late write from paused worker A"),
+        "{stdout}"
+    );
+
+    let refused = run(None).await.unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("401"), "{stderr}");
+    assert!(stderr.contains("unauthorized"), "{stderr}");
 }
 
 /// Without the guard, the story still runs (exit 0) and says plainly that the data is wrong.

@@ -49,12 +49,22 @@ impl TestApp {
     /// returned directory holds the file (rewrite it and call [`fencelock::auth::Auth::reload`]
     /// on the settings' `auth` to test a reload in-process).
     pub async fn spawn_with_auth(kind: StoreKind, auth_toml: &str) -> (Self, tempfile::TempDir) {
+        Self::spawn_with_auth_and(kind, auth_toml, |_| {}).await
+    }
+
+    /// [`Self::spawn_with_auth`] with more changed settings (a fence key, say).
+    pub async fn spawn_with_auth_and(
+        kind: StoreKind,
+        auth_toml: &str,
+        tweak: impl FnOnce(&mut Settings) + Send + 'static,
+    ) -> (Self, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let path = dir.path().join("auth.toml");
         std::fs::write(&path, auth_toml).expect("the auth file is written");
         let auth = Arc::new(fencelock::auth::Auth::load(&path).expect("the auth file loads"));
         let app = Self::spawn_on(TestDb::new(kind).await, move |settings| {
             settings.auth = Some(auth);
+            tweak(settings);
         })
         .await;
         (app, dir)
