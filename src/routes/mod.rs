@@ -3,6 +3,7 @@
 
 pub mod auth;
 mod health;
+mod listing;
 mod locks;
 pub mod metrics;
 pub mod openapi;
@@ -125,6 +126,11 @@ fn lock_routes(cfg: &mut web::ServiceConfig) {
     .service(
         resource("/locks/{resource:[^/]*}/renew", "POST")
             .route(web::post().to(locks::renew))
+            .wrap(from_fn(auth::authenticate)),
+    )
+    .service(
+        resource("/locks", "GET")
+            .route(web::get().to(listing::list))
             .wrap(from_fn(auth::authenticate)),
     );
 }
