@@ -1,6 +1,6 @@
-//! The worker client: acquire, renew, release and inspect leases over the HTTP contract, retry
-//! under contention within a deadline, and hold a [`Lease`] that renews itself and says
-//! promptly when it is lost.
+//! The worker client: acquire, renew, release, inspect and list leases over the HTTP
+//! contract, retry under contention within a deadline, and hold a [`Lease`] that renews
+//! itself and says promptly when it is lost.
 //!
 //! ```no_run
 //! # async fn work(fence: i64) {}
