@@ -108,9 +108,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 
 /// `/locks/...` and `GET /locks` (the list). `[^/]*` also matches an empty segment, so
 /// `/locks/` reaches the handlers and gets the contract's `422` for an empty resource name
-/// instead of a bare `404`. Every lock
-/// route checks the bearer token first ([`auth::authenticate`]), before its `405`, its body
-/// and its path.
+/// instead of a bare `404`. Every lock route checks the bearer token first
+/// ([`auth::authenticate`]), before its `405`, its body and its path.
 fn lock_routes(cfg: &mut web::ServiceConfig) {
     cfg.service(
         resource("/locks/{resource:[^/]*}", "GET, POST, DELETE")
