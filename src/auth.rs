@@ -89,6 +89,11 @@ impl Token {
         self.permissions.contains(&permission)
     }
 
+    /// The resource prefixes the token may touch (`""`: all), as the file lists them.
+    pub fn prefixes(&self) -> &[String] {
+        &self.prefixes
+    }
+
     /// Whether `resource` lies inside one of the token's prefixes (`""` covers all).
     pub fn covers(&self, resource: &ResourceName) -> bool {
         self.prefixes

@@ -30,7 +30,7 @@
 //! file's validated form, the constant-time lookup of a secret, reload on `SIGHUP`. Its
 //! HTTP side (the `401` before anything else, the `403` scope check) is `routes::auth`.
 //!
-//! [`client`] stands apart: the worker client (acquire/renew/release/inspect, bounded retry,
+//! [`client`] stands apart: the worker client (acquire/renew/release/inspect/list, bounded retry,
 //! a self-renewing `Lease`) on [`domain`] alone.
 //!
 //! # Features

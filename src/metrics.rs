@@ -156,6 +156,8 @@ pub mod label {
         pub const PING: &str = "ping";
         pub const PURGE: &str = "purge";
         pub const COUNT: &str = "count";
+        /// One page of `GET /locks`.
+        pub const LIST: &str = "list";
     }
 
     /// `kind` of `fencelock_store_errors_total`.

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::{Error, LossReason};
-use super::{LockInfo, LockView};
+use super::{LockInfo, LockPage, LockView};
 
 /// Longest slice of a non-JSON body kept in an error, so that an HTML error page from a
 /// proxy does not flood the logs.
@@ -85,6 +85,14 @@ pub(super) fn inspect(status: StatusCode, body: &[u8]) -> Result<Option<LockView
     match status {
         StatusCode::OK => parse(body).map(Some),
         StatusCode::NOT_FOUND => Ok(None),
+        _ => Err(failure(status, body)),
+    }
+}
+
+/// List: `200` is the page.
+pub(super) fn list(status: StatusCode, body: &[u8]) -> Result<LockPage, Error> {
+    match status {
+        StatusCode::OK => parse(body),
         _ => Err(failure(status, body)),
     }
 }
@@ -291,5 +299,20 @@ mod tests {
         assert!(matches!(inspect(StatusCode::NOT_FOUND, b"{}"), Ok(None)));
         let view = inspect(StatusCode::OK, LOCK.as_bytes()).unwrap().unwrap();
         assert_eq!(view.fence, 7);
+    }
+
+    #[test]
+    fn a_list_page_is_read_with_its_next() {
+        let body = format!(r#"{{"locks":[{LOCK}],"next":"job:1"}}"#);
+        let page = list(StatusCode::OK, body.as_bytes()).unwrap();
+        assert_eq!(page.locks.len(), 1);
+        assert_eq!(page.next.as_deref(), Some("job:1"));
+        let last = list(StatusCode::OK, br#"{"locks":[],"next":null}"#).unwrap();
+        assert_eq!((last.locks.len(), last.next), (0, None));
+        let scope = problem_body("forbidden-scope", 403);
+        assert!(matches!(
+            list(StatusCode::FORBIDDEN, &scope),
+            Err(Error::Rejected { status: 403, .. })
+        ));
     }
 }

@@ -1,6 +1,6 @@
-//! The worker client: acquire, renew, release and inspect leases over the HTTP contract, retry
-//! under contention within a deadline, and hold a [`Lease`] that renews itself and says
-//! promptly when it is lost.
+//! The worker client: acquire, renew, release, inspect and list leases over the HTTP
+//! contract, retry under contention within a deadline, and hold a [`Lease`] that renews
+//! itself and says promptly when it is lost.
 //!
 //! ```no_run
 //! # async fn work(fence: i64) {}
@@ -96,6 +96,15 @@ pub struct LockView {
     pub expires_at: DateTime<Utc>,
     /// Time left when the server answered, by the store's clock.
     pub expires_in_ms: i64,
+}
+
+/// One page of live leases (`GET /locks`), in name order.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct LockPage {
+    /// The live leases of the page, without owners.
+    pub locks: Vec<LockView>,
+    /// Pass it as `after` for the next page; `None` on the last page.
+    pub next: Option<String>,
 }
 
 /// A successful acquisition and the monotonic instant its request was sent: the earliest
@@ -313,6 +322,33 @@ impl Client {
         let url = self.url(resource, "")?;
         let (status, bytes) = self.send(Method::GET, url, None).await?;
         answer::inspect(status, &bytes)
+    }
+
+    /// One page of the live leases whose names start with `prefix` (`""`: all), in name
+    /// order: those after `after` (the previous page's `next`; `None` from the start), at most
+    /// `limit` (1-1000; `None`: the server's default, 100). With a bearer token, only names
+    /// inside its prefixes; a `prefix` outside all of them is [`Error::Rejected`] (`403`).
+    pub async fn list(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<LockPage, Error> {
+        let mut url = reqwest::Url::parse(&format!("{}/locks", self.base))
+            .map_err(|e| Error::Config(format!("base URL: {e}")))?;
+        {
+            // Form-encoded, so a `+` in a name goes as `%2B`, not as a space.
+            let mut query = url.query_pairs_mut();
+            query.append_pair("prefix", prefix);
+            if let Some(after) = after {
+                query.append_pair("after", after);
+            }
+            if let Some(limit) = limit {
+                query.append_pair("limit", &limit.to_string());
+            }
+        }
+        let (status, bytes) = self.send(Method::GET, url.into(), None).await?;
+        answer::list(status, &bytes)
     }
 
     /// Acquires `resource` under a fresh random owner secret and returns a [`Lease`] that

@@ -7,6 +7,7 @@ mod fence;
 #[cfg(feature = "fence-token")]
 pub mod fence_token;
 mod lease;
+mod listing;
 mod owner;
 mod resource_name;
 pub mod ttl;
@@ -17,6 +18,9 @@ pub use fence_token::{FenceKey, FenceKeyError, FenceKeys};
 pub use lease::{
     AcquireOutcome, AcquireRequest, Acquisition, Lease, ReleaseOutcome, ReleaseRequest,
     RenewOutcome, RenewRequest, TokenQuota,
+};
+pub use listing::{
+    LeasePage, ListRequest, ListScope, ListedLease, NameRange, PageLimit, ResourcePrefix,
 };
 pub use owner::{Owner, OwnerError};
 pub use resource_name::{ResourceName, ResourceNameError};

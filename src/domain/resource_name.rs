@@ -49,7 +49,8 @@ impl ResourceName {
     }
 }
 
-fn is_allowed(c: char) -> bool {
+/// Whether `c` may appear in a resource name (and so in a prefix of one).
+pub(super) fn is_allowed(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '@' | '+' | '=' | '~')
 }
 

@@ -20,7 +20,7 @@ use actix_web::{Error, FromRequest, HttpMessage as _, HttpRequest, web};
 use prometheus::IntCounterVec;
 
 use crate::auth::{Auth, Permission, Token};
-use crate::domain::{ResourceName, TokenQuota};
+use crate::domain::{ListScope, ResourceName, ResourcePrefix, TokenQuota};
 use crate::http::ApiError;
 use crate::metrics::{self, Registry, label};
 
@@ -135,6 +135,36 @@ impl Caller {
         };
         self.refused(label::reason::SCOPE);
         Err(ApiError::ForbiddenScope(why))
+    }
+
+    /// What a list asking for `requested` may show: the names that start with it and with
+    /// one of the token's prefixes, so that a page is filled from those names alone. `403
+    /// forbidden-scope` if the token lacks `read`, or if no name could be both: a list of
+    /// names the token may not see would look empty whether or not leases are held there,
+    /// and an empty page must not pass for "none held" (inspect answers `403` the same way).
+    pub fn list_scope(&self, requested: ResourcePrefix) -> Result<ListScope, ApiError> {
+        let Some(token) = &self.token else {
+            return Ok(ListScope::whole(requested));
+        };
+        if !token.has(Permission::Read) {
+            self.refused(label::reason::SCOPE);
+            return Err(ApiError::ForbiddenScope(
+                "this token lacks the read permission listing needs".to_owned(),
+            ));
+        }
+        // The auth file's prefixes are checked against the same character set when it is read.
+        let allowed: Vec<ResourcePrefix> = token
+            .prefixes()
+            .iter()
+            .filter_map(|prefix| ResourcePrefix::parse(prefix).ok())
+            .collect();
+        ListScope::within(&requested, &allowed).ok_or_else(|| {
+            self.refused(label::reason::SCOPE);
+            ApiError::ForbiddenScope(format!(
+                "this token may not list names starting with {:?}: they are outside the token's prefixes",
+                requested.as_str()
+            ))
+        })
     }
 
     /// The token's name, for the log line of each lease event.

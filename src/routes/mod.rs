@@ -3,6 +3,7 @@
 
 pub mod auth;
 mod health;
+mod listing;
 mod locks;
 pub mod metrics;
 pub mod openapi;
@@ -105,10 +106,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(web::scope("/v1").configure(lock_routes));
 }
 
-/// `/locks/...`. `[^/]*` also matches an empty segment, so `/locks/` reaches the handlers and
-/// gets the contract's `422` for an empty resource name instead of a bare `404`. Every lock
-/// route checks the bearer token first ([`auth::authenticate`]), before its `405`, its body
-/// and its path.
+/// `/locks/...` and `GET /locks` (the list). `[^/]*` also matches an empty segment, so
+/// `/locks/` reaches the handlers and gets the contract's `422` for an empty resource name
+/// instead of a bare `404`. Every lock route checks the bearer token first
+/// ([`auth::authenticate`]), before its `405`, its body and its path.
 fn lock_routes(cfg: &mut web::ServiceConfig) {
     cfg.service(
         resource("/locks/{resource:[^/]*}", "GET, POST, DELETE")
@@ -125,6 +126,11 @@ fn lock_routes(cfg: &mut web::ServiceConfig) {
     .service(
         resource("/locks/{resource:[^/]*}/renew", "POST")
             .route(web::post().to(locks::renew))
+            .wrap(from_fn(auth::authenticate)),
+    )
+    .service(
+        resource("/locks", "GET")
+            .route(web::get().to(listing::list))
             .wrap(from_fn(auth::authenticate)),
     );
 }

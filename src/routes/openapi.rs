@@ -12,7 +12,7 @@ use serde_json::Value;
 use utoipa::OpenApi;
 use utoipa::openapi::RefOr;
 
-use super::{AppState, health, locks};
+use super::{AppState, health, listing, locks};
 use crate::domain::Ttl;
 use crate::http::ApiError;
 use crate::http::openapi::{body_refusals, finish, invalid_input, store_failures};
@@ -33,12 +33,13 @@ pub const VERSION_PREFIX: &str = "/v1";
         locks::inspect,
         locks::release,
         locks::renew,
+        listing::list,
         health::healthz,
         health::readyz,
     ),
     components(schemas(AcquireBody, RenewBody, ReleaseBody, LiveLease)),
     tags(
-        (name = "locks", description = "Acquire, inspect, renew and release leases"),
+        (name = "locks", description = "Acquire, inspect, renew, release and list leases"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
     )
 )]
@@ -147,6 +148,32 @@ pub struct ResourcePath {
     resource: String,
 }
 
+/// The query of `GET /locks`. Any other parameter, or one given twice, is `422`.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[expect(
+    dead_code,
+    reason = "the wire shape, for the document; routes::parse reads it"
+)]
+pub struct ListParams {
+    /// Only names that start with this: 0-255 characters of `A-Z a-z 0-9 . _ - : @ + = ~`
+    /// (absent or empty: every name). With a bearer token, only names inside the token's
+    /// prefixes are listed; a prefix that no name inside them can start with is `403
+    /// forbidden-scope`.
+    #[param(max_length = 255, pattern = r"^[A-Za-z0-9._:@+=~-]{0,255}$")]
+    prefix: Option<String>,
+    /// Most leases on the page: 1-1000, default 100.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+    /// The `next` of the previous page: the page lists the names after this one.
+    #[param(
+        min_length = 1,
+        max_length = 255,
+        pattern = r"^(?!\.\.?$)[A-Za-z0-9._:@+=~-]{1,255}$"
+    )]
+    after: Option<String>,
+}
+
 /// The body of `POST /locks/{resource}`. Unknown fields are `422`.
 #[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -251,6 +278,11 @@ crate::problem_answers! {
             ApiError::OwnerMismatch(String::new()),
             stale_fence(),
         ],
+        store_failures(),
+    ].into_iter().flatten();
+    ListProblems => [
+        auth_refusals(),
+        vec![invalid_input()],
         store_failures(),
     ].into_iter().flatten();
     ReadyProblems => vec![ApiError::NotReady(String::new())];

@@ -5,7 +5,8 @@
 use serde_json::value::RawValue;
 
 use crate::domain::{
-    AcquireRequest, Fence, Owner, ReleaseRequest, RenewRequest, ResourceName, Ttl,
+    AcquireRequest, Fence, Owner, PageLimit, ReleaseRequest, RenewRequest, ResourceName,
+    ResourcePrefix, Ttl,
 };
 use crate::http::body::{self, Object};
 use crate::http::problem::{ApiError, FieldError};
@@ -144,6 +145,87 @@ impl Fields {
     }
 }
 
+/// The query of `GET /locks`, checked; the token's scope is applied after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListQuery {
+    pub prefix: ResourcePrefix,
+    pub after: Option<ResourceName>,
+    pub limit: PageLimit,
+}
+
+/// `GET /locks?prefix=P&limit=N&after=R`, every parameter optional. As with unknown body
+/// fields, a parameter that is not one of these, or one given twice, is a `422` naming it:
+/// a typo such as `limt=5` must not pass as the default. Values are form-encoded: `+` stands
+/// for a space (refused), so a name holding `+` is sent with `%2B`.
+pub fn list(query: &str) -> Result<ListQuery, ApiError> {
+    let pairs = actix_web::web::Query::<Vec<(String, String)>>::from_query(query)
+        .map_err(|e| ApiError::validation("query", e))?
+        .into_inner();
+    let (mut prefix, mut limit, mut after) = (None, None, None);
+    let mut errors = Vec::new();
+    for (name, value) in pairs {
+        let slot = match name.as_str() {
+            "prefix" => &mut prefix,
+            "limit" => &mut limit,
+            "after" => &mut after,
+            _ => {
+                errors.push(FieldError::new(
+                    name,
+                    "is not a known parameter; the parameters are prefix, limit and after",
+                ));
+                continue;
+            }
+        };
+        if slot.is_some() {
+            errors.push(FieldError::new(name, "is given more than once"));
+        } else {
+            *slot = Some(value);
+        }
+    }
+    let mut checked = ListQuery {
+        prefix: ResourcePrefix::everything(),
+        after: None,
+        limit: PageLimit::default(),
+    };
+    if let Some(text) = prefix {
+        match ResourcePrefix::parse(&text) {
+            Ok(parsed) => checked.prefix = parsed,
+            Err(e) => errors.push(FieldError::new("prefix", e)),
+        }
+    }
+    if let Some(text) = limit {
+        match decimal(&text).and_then(PageLimit::new) {
+            Some(parsed) => checked.limit = parsed,
+            None => errors.push(FieldError::new(
+                "limit",
+                format!("must be an integer from 1 to {}", PageLimit::MAX),
+            )),
+        }
+    }
+    if let Some(text) = after {
+        match ResourceName::parse(&text) {
+            Ok(parsed) => checked.after = Some(parsed),
+            Err(e) => errors.push(FieldError::new(
+                "after",
+                format!("must be the \"next\" of the previous page, a resource name: {e}"),
+            )),
+        }
+    }
+    match errors.is_empty() {
+        true => Ok(checked),
+        false => Err(ApiError::Validation(errors)),
+    }
+}
+
+/// A plain decimal integer: ASCII digits only (no sign, point or exponent); `None` when it is
+/// not one or does not fit.
+fn decimal(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
@@ -236,5 +318,79 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    fn list_fields(query: &str) -> Vec<String> {
+        invalid(list(query))
+    }
+
+    #[test]
+    fn list_parameters_have_defaults() {
+        let all = list("").unwrap();
+        assert_eq!(all.prefix.as_str(), "");
+        assert_eq!(all.after, None);
+        assert_eq!(all.limit, PageLimit::default());
+        let page = list("prefix=job%3A&limit=1000&after=job:7").unwrap();
+        assert_eq!(page.prefix.as_str(), "job:");
+        assert_eq!(page.after.unwrap().as_str(), "job:7");
+        assert_eq!(page.limit.get(), 1000);
+        assert_eq!(list("prefix=").unwrap().prefix.as_str(), "");
+        assert_eq!(list("limit=1&prefix=.").unwrap().prefix.as_str(), ".");
+        assert_eq!(list("after=a%2Bb").unwrap().after.unwrap().as_str(), "a+b");
+    }
+
+    #[test]
+    fn bad_list_parameters_are_named() {
+        for bad in [
+            "0",
+            "1001",
+            "-1",
+            "+5",
+            "1.5",
+            "1e2",
+            "",
+            "abc",
+            "%205",
+            "99999999999999999999999",
+        ] {
+            assert_eq!(
+                list_fields(&format!("limit={bad}")),
+                ["limit"],
+                "limit={bad:?}"
+            );
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "a%2Fb",
+            "a+b",
+            "%C3%A9",
+            &"a".repeat(256),
+        ] {
+            assert_eq!(
+                list_fields(&format!("after={bad}")),
+                ["after"],
+                "after={bad:?}"
+            );
+        }
+        for bad in ["a/b", "a b", "a+b", "%25", &"a".repeat(256)] {
+            assert_eq!(
+                list_fields(&format!("prefix={bad}")),
+                ["prefix"],
+                "prefix={bad:?}"
+            );
+        }
+        assert_eq!(list_fields("limit"), ["limit"]);
+        assert_eq!(list_fields("limit=5&limit=6"), ["limit"]);
+        assert_eq!(list_fields("prefix=a&prefix=a"), ["prefix"]);
+        assert_eq!(list_fields("limt=5"), ["limt"]);
+        assert_eq!(
+            list_fields("owner=x&limit=0&after="),
+            ["owner", "limit", "after"]
+        );
+        // Bytes that are not UTF-8 decode to U+FFFD, which no name holds.
+        assert_eq!(list_fields("prefix=%FF&after=%FF"), ["prefix", "after"]);
     }
 }

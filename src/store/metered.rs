@@ -8,8 +8,8 @@ use prometheus::{HistogramVec, IntCounterVec};
 
 use super::{Deadline, LeaseStore, SharedStore, StoreError};
 use crate::domain::{
-    AcquireOutcome, AcquireRequest, Lease, ReleaseOutcome, ReleaseRequest, RenewOutcome,
-    RenewRequest, ResourceName,
+    AcquireOutcome, AcquireRequest, Lease, LeasePage, ListRequest, ReleaseOutcome, ReleaseRequest,
+    RenewOutcome, RenewRequest, ResourceName,
 };
 use crate::metrics::{self, Registry, label};
 
@@ -112,6 +112,7 @@ timed_operations! {
     // Timed per batch: `purge_expired` (the trait's own) calls this once per batch.
     purge_batch(grace: Duration, limit: u64) -> u64 = PURGE;
     count_live() -> u64 = COUNT;
+    list(req: &ListRequest) -> LeasePage = LIST;
     ping() -> () = PING;
     @rest
     fn describe(&self) -> String {

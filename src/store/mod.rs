@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use crate::domain::{
-    AcquireOutcome, AcquireRequest, Lease, ReleaseOutcome, ReleaseRequest, RenewOutcome,
-    RenewRequest, ResourceName,
+    AcquireOutcome, AcquireRequest, Lease, LeasePage, ListRequest, ReleaseOutcome, ReleaseRequest,
+    RenewOutcome, RenewRequest, ResourceName,
 };
 pub use config::{
     DEFAULT_POOL_SIZE, DEFAULT_SQLITE_FILE, DEFAULT_STORE_TIMEOUT_MS, StoreConfig, StoreOptions,
@@ -162,6 +162,11 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// How many live leases the store holds: a range scan of the expiry index, for the
     /// `fencelock_live_leases` gauge.
     async fn count_live(&self) -> Result<u64, StoreError>;
+
+    /// One page of live leases in the request's scope, in byte order of their names, after
+    /// `req.after`: one range scan of the primary key per prefix of the scope, until the page
+    /// is full. Expired leases are absent; owners are never read.
+    async fn list(&self, req: &ListRequest) -> Result<LeasePage, StoreError>;
 
     /// Succeeds when the store accepts a durable write (readiness): a store that can be read
     /// but not written is not ready to hand out leases.

@@ -355,6 +355,8 @@ async fn wrong_methods_and_paths(kind: StoreKind) {
         (Method::DELETE, "/locks/job:1/release", "POST"),
         (Method::POST, "/healthz", "GET"),
         (Method::DELETE, "/readyz", "GET"),
+        (Method::POST, "/locks", "GET"),
+        (Method::DELETE, "/locks", "GET"),
     ];
     for (method, path, allow) in cases {
         let response = app.send(method, path, None, "").await;
@@ -363,7 +365,7 @@ async fn wrong_methods_and_paths(kind: StoreKind) {
     }
     for path in [
         "/",
-        "/locks",
+        "/lock",
         "/nope",
         "/locks/job:1/other",
         "/locks/a/b/renew",

@@ -20,6 +20,7 @@ mod health;
 mod input;
 mod inspect;
 mod late_work;
+mod listing;
 mod metrics;
 mod misconfig;
 mod openapi;

@@ -15,7 +15,7 @@ const HTTP_LAYER: [u16; 3] = [400, 408, 431];
 
 /// What each operation can answer, per the contract, beyond [`HTTP_LAYER`]; every lock
 /// operation also [`AUTH`].
-const OPERATIONS: [(&str, &str, &[u16]); 9] = [
+const OPERATIONS: [(&str, &str, &[u16]); 10] = [
     (
         "POST",
         "/locks/{resource}",
@@ -37,6 +37,7 @@ const OPERATIONS: [(&str, &str, &[u16]); 9] = [
         "/locks/{resource}/renew",
         &[200, 404, 409, 413, 415, 422, 500, 503],
     ),
+    ("GET", "/locks", &[200, 422, 500, 503]),
     ("GET", "/healthz", &[200]),
     ("GET", "/readyz", &[200, 503]),
     ("GET", "/metrics", &[200]),
@@ -90,6 +91,10 @@ async fn the_document_lists_every_operation_and_status(kind: StoreKind) {
         slugs(&document, "/v1/locks/{resource}", "POST", 429),
         ["quota-exceeded"]
     );
+    for path in ["/locks", "/v1/locks"] {
+        assert_eq!(slugs(&document, path, "GET", 403), ["forbidden-scope"]);
+        assert_eq!(slugs(&document, path, "GET", 422), ["validation-failed"]);
+    }
     let unauthorized = &document["paths"]["/locks/{resource}"]["get"]["responses"]["401"];
     assert!(unauthorized["headers"]["WWW-Authenticate"]["schema"].is_object());
     assert_eq!(
@@ -121,8 +126,7 @@ async fn the_server_serves_exactly_the_document(kind: StoreKind) {
             "/v1/metrics",
             "/v1/openapi.json",
             "/v2/locks/a",
-            "/locks",
-            "/v1/locks",
+            "/v2/locks",
             "/locks/a/b",
             "/",
         ],
@@ -162,6 +166,33 @@ async fn request_bodies_are_closed_with_the_configured_ttl_bound() {
     let parameter = &document["paths"]["/locks/{resource}"]["get"]["parameters"][0];
     assert_eq!(parameter["name"], "resource");
     assert_eq!(parameter["schema"]["maxLength"], 255);
+    // A listed lease has exactly five fields: no owner, no fence_token.
+    let listed = &schemas["ListedLock"];
+    let mut fields: Vec<&str> = listed["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "acquired_at",
+            "expires_at",
+            "expires_in_ms",
+            "fence",
+            "resource"
+        ]
+    );
+    assert_eq!(listed["additionalProperties"], false);
+    let query: Vec<&str> = document["paths"]["/locks"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(query, ["prefix", "limit", "after"]);
     // The lock an inspect shows has no owner; the holder's has one.
     assert!(schemas["LiveLease"]["properties"].get("owner").is_none());
     assert!(

@@ -1,0 +1,16 @@
+-- fencelock: resource names in byte order, so that listing (`GET /locks?prefix=&after=`) is a
+-- range scan of the primary key and pages in the same order as the SQLite store.
+--
+-- V1 made `resource` a `text` column of the database's default collation. Under a collation
+-- such as `en_US.UTF-8` or ICU's `en-US`, `B` sorts after `a` and punctuation is weighed
+-- apart from letters, so the names starting with a prefix need not lie between the prefix and
+-- the prefix followed by the highest character, and a page's `after` bound would skip or
+-- repeat names. `C` compares bytes: every name that starts with `p` lies in
+-- [`p`, `p` || chr(127)) (no allowed character sorts at or above chr(127)), whatever the
+-- database's default.
+--
+-- Equality is byte equality under every deterministic collation, so lookups by name
+-- (acquire, renew, release, inspect, also those of a previous build during a rolling upgrade)
+-- find the same rows. The table is not rewritten (the type stays `text`), but the primary key
+-- index is rebuilt, under an exclusive lock on the table for as long as that takes.
+ALTER TABLE leases ALTER COLUMN resource TYPE text COLLATE "C";
