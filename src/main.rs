@@ -39,10 +39,13 @@ fn main() -> ExitCode {
         Command::Check => "warn",
         Command::Serve | Command::Migrate | Command::Token(_) => "info",
     };
-    if let Err(e) = telemetry::init_with_default(settings.log_format, default_filter) {
-        eprintln!("fencelock: {e:#}");
-        return ExitCode::from(2);
-    }
+    let logs = match telemetry::init_with_default(settings.log_format, default_filter) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("fencelock: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
 
     let result = actix_web::rt::System::new().block_on(async move {
         match command {
@@ -52,6 +55,8 @@ fn main() -> ExitCode {
             Command::Token(_) => unreachable!("answered before the runtime starts"),
         }
     });
+    // Every buffered log line is out before the last line below.
+    drop(logs);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -99,12 +99,16 @@ fn main() -> ExitCode {
         Command::Store { .. } => "info",
         Command::PausedWorker { .. } => "warn",
     };
-    if let Err(e) =
-        fencelock::telemetry::init_with_default(fencelock::config::LogFormat::Text, default_filter)
-    {
-        eprintln!("fencelock-demo: {e:#}");
-        return ExitCode::from(2);
-    }
+    let _logs = match fencelock::telemetry::init_with_default(
+        fencelock::config::LogFormat::Text,
+        default_filter,
+    ) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("fencelock-demo: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
     actix_web::rt::System::new().block_on(async move {
         match cli.command {
             Command::Store {

@@ -27,6 +27,10 @@ const MAX_INSTANCE_BYTES: usize = 256;
 /// The header a request id travels in, both ways.
 pub const REQUEST_ID: &str = "x-request-id";
 
+/// The target of the one line logged per request: `RUST_LOG=info,fencelock::access=off`
+/// switches the access log off and keeps every other line.
+pub const ACCESS_TARGET: &str = "fencelock::access";
+
 /// Longest request id kept from a client.
 const MAX_REQUEST_ID_LEN: usize = 128;
 
@@ -56,7 +60,9 @@ pub async fn observe(
                 .headers_mut()
                 .insert(HeaderName::from_static(REQUEST_ID), value);
         }
-        tracing::info!(
+        tracing::event!(
+            target: ACCESS_TARGET,
+            tracing::Level::INFO,
             http.method = %method,
             http.path = %path,
             http.status = response.status().as_u16(),

@@ -276,9 +276,14 @@ pub fn client() -> Client {
 }
 
 fn init_logging() {
-    if std::env::var_os("TEST_LOG").is_some() {
-        let _ = fencelock::telemetry::init(fencelock::config::LogFormat::Text);
-    }
+    static LOGS: std::sync::OnceLock<Option<fencelock::telemetry::LogGuard>> =
+        std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        std::env::var_os("TEST_LOG").is_some().then(|| {
+            fencelock::telemetry::init(fencelock::config::LogFormat::Text)
+                .expect("a valid RUST_LOG")
+        })
+    });
 }
 
 /// The integer `fence` of a `lock` object (or of a whole inspect body).

@@ -355,7 +355,7 @@ async fn sighup_reloads_the_auth_file_and_a_bad_file_keeps_the_old_tokens() {
         acquire_on(&server, NEWCOMER, "jobs:a").await.status() == 200
     })
     .await;
-    server.assert_logged("auth file reloaded");
+    server.assert_logged("auth file reloaded").await;
 
     std::fs::write(&path, "[[tokens]]\nname = \"broken\"\n").unwrap();
     server.signal("-HUP");
@@ -377,7 +377,7 @@ async fn sighup_reloads_the_auth_file_and_a_bad_file_keeps_the_old_tokens() {
     );
     // Secrets never reach the log; the token's name goes with each lease event.
     assert!(!log.contains(BILLING) && !log.contains(NEWCOMER), "{log}");
-    server.assert_logged("billing-workers");
+    server.assert_logged("billing-workers").await;
 }
 
 /// A bad auth file at start stops start-up with one line naming the problem.
@@ -490,7 +490,7 @@ async fn token_new_prints_a_secret_and_a_block_that_lets_it_in() {
         ServerProcess::start_with(None, dir.path(), &["--auth-file", path.to_str().unwrap()]);
     assert_eq!(acquire_on(&server, secret, "anything").await.status(), 200);
     assert_eq!(acquire_on(&server, "guess", "anything").await.status(), 401);
-    assert!(!server.log_text().contains(secret));
+    assert!(!server.settled_log().await.contains(secret));
 }
 
 /// The worker client sends its bearer token; without it the server answers `401`.

@@ -59,6 +59,8 @@ pub struct ServerProcess {
     pub log: Arc<Mutex<Vec<String>>>,
     /// Set to stop reading the server's stderr, which closes the pipe.
     close_log: Arc<std::sync::atomic::AtomicBool>,
+    /// Set once the server's stderr has ended: every line it wrote has been read.
+    log_ended: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ServerProcess {
@@ -93,6 +95,8 @@ impl ServerProcess {
         let sink = log.clone();
         let close_log = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let closing = close_log.clone();
+        let log_ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ended = log_ended.clone();
         std::thread::spawn(move || {
             for line in lines.map_while(Result::ok) {
                 if closing.load(std::sync::atomic::Ordering::Relaxed) {
@@ -106,6 +110,7 @@ impl ServerProcess {
                 }
                 sink.lock().unwrap().push(line);
             }
+            ended.store(true, std::sync::atomic::Ordering::Relaxed);
         });
         let address = address
             .recv_timeout(Duration::from_secs(60))
@@ -115,6 +120,7 @@ impl ServerProcess {
             address: format!("{scheme}://{address}"),
             log,
             close_log,
+            log_ended,
         }
     }
 
@@ -147,13 +153,52 @@ impl ServerProcess {
             .unwrap()
     }
 
+    /// The lines read so far. The server writes its log from a thread of its own, so a line
+    /// may arrive after the response of the request that logged it: see [`Self::settled_log`].
     pub fn log_text(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }
 
-    /// Asserts that the log so far contains `text`, quoting the whole log if not.
-    pub fn assert_logged(&self, text: &str) {
-        let log = self.log_text();
+    /// The log with every line the server logged before this call: a marker request is sent
+    /// and its access line, queued after all of those, is waited for. Once the server has
+    /// exited, the whole log.
+    pub async fn settled_log(&self) -> String {
+        static MARKERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let marker = format!(
+            "log-marker-{}",
+            MARKERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let ended = || self.log_ended.load(std::sync::atomic::Ordering::Relaxed);
+        if !ended() {
+            let client = reqwest::Client::builder()
+                .no_proxy()
+                .danger_accept_invalid_certs(true)
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap();
+            let sent = client
+                .get(self.url("/healthz"))
+                .header("x-request-id", &marker)
+                .send()
+                .await;
+            // A server that cannot answer any more is ending: its log ends with it.
+            let done = |log: &str| ended() || (sent.is_ok() && log.contains(&marker));
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !done(&self.log_text()) {
+                assert!(
+                    Instant::now() < deadline,
+                    "the log did not settle: {}",
+                    self.log_text()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        self.log_text()
+    }
+
+    /// Asserts that the log contains `text`, quoting the whole log if not.
+    pub async fn assert_logged(&self, text: &str) {
+        let log = self.settled_log().await;
         assert!(log.contains(text), "no {text:?} in the log: {log}");
     }
 
@@ -219,7 +264,7 @@ async fn default_store_is_a_sqlite_file_in_the_working_directory() {
     let body: Value = response.json().await.unwrap();
     assert!(body["lock"]["fence"].as_i64().unwrap() >= 1);
     assert!(dir.path().join("fencelock.db").exists());
-    server.assert_logged("SQLite file fencelock.db");
+    server.assert_logged("SQLite file fencelock.db").await;
 }
 
 /// The start-up log names the PostgreSQL store without its password.
@@ -231,8 +276,10 @@ async fn database_password_is_never_logged() {
     let server = ServerProcess::start(Some(&url), dir.path());
     let ready = client().get(server.url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 503);
-    server.assert_logged("postgres://fencelock:***@127.0.0.1");
-    let log = server.log_text();
+    server
+        .assert_logged("postgres://fencelock:***@127.0.0.1")
+        .await;
+    let log = server.settled_log().await;
     assert!(!log.contains("hunter2"), "password in the log: {log}");
 }
 
@@ -354,8 +401,8 @@ async fn stops_cleanly_on(signal: &str, name: &str) {
     server.signal(signal);
     let status = server.wait(Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
-    server.assert_logged("shutting down");
-    server.assert_logged(name);
+    server.assert_logged("shutting down").await;
+    server.assert_logged(name).await;
 }
 
 /// Every lease event is logged with resource and fence, and the owner token never is.
@@ -397,7 +444,7 @@ async fn lease_events_are_logged_without_the_owner() {
     server.terminate();
     server.wait(Duration::from_secs(20));
 
-    let log = server.log_text();
+    let log = server.settled_log().await;
     assert!(!log.contains(owner), "the owner token was logged: {log}");
     let events: Vec<Value> = log
         .lines()
@@ -534,7 +581,7 @@ async fn parser_refusals_are_never_logged_as_errors() {
     server.terminate();
     server.wait(Duration::from_secs(20));
 
-    let log = server.log_text();
+    let log = server.settled_log().await;
     let events: Vec<Value> = log
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -566,7 +613,8 @@ async fn request_ids_reach_every_log_line_of_their_request() {
     assert_eq!(response.headers()["x-request-id"], "trace-me-42");
 
     let lines: Vec<Value> = server
-        .log_text()
+        .settled_log()
+        .await
         .lines()
         .map(|line| serde_json::from_str(line).expect("every log line is JSON"))
         .collect();

@@ -242,7 +242,8 @@ async fn postgres_read_only_database_answers_503() {
         503
     );
     let errors = server
-        .log_text()
+        .settled_log()
+        .await
         .lines()
         .filter(|line| line.contains(r#""level":"ERROR""#))
         .count();

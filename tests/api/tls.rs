@@ -250,7 +250,7 @@ async fn curl_reaches_the_binary_over_https() {
     assert_succeeded(&output, "curl");
     let body: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(body["status"], "ok", "{body}");
-    server.assert_logged(r#""tls":true"#);
+    server.assert_logged(r#""tls":true"#).await;
 }
 
 /// Half a TLS setting, or files that are not PEM, stop start-up with one line.
