@@ -27,7 +27,8 @@
 //!   name and labels; [`TestApp::metrics`] fetches one.
 //! - [`openapi`]: checks of a service's OpenAPI document against the live service.
 //! - [`closed_port`]: a local port nothing listens on, for "unreachable" tests.
-//! - `output`: [`assert_succeeded`], for a command run to its end.
+//! - `output`: [`assert_succeeded`] and [`assert_failed_in_one_line`], for a command run to
+//!   its end.
 
 mod exposition;
 pub mod openapi;
@@ -38,7 +39,7 @@ mod server;
 mod storage;
 
 pub use exposition::{Exposition, Sample, TEXT_FORMAT};
-pub use output::assert_succeeded;
+pub use output::{assert_failed_in_one_line, assert_succeeded};
 pub use proxy::Proxy;
 pub use raw::{RawResponse, assert_raw_problem, parse_raw, raw_exchange};
 pub use server::{
