@@ -55,32 +55,43 @@ impl LeaseMetrics {
             store,
         }
     }
+}
 
-    pub fn acquire(&self, answer: Result<&AcquireOutcome, &ApiError>) {
+/// The answer to a lock write, counted `into` its family once it is known.
+pub trait Counted {
+    fn count(into: &LeaseMetrics, answer: Result<&Self, &ApiError>);
+}
+
+impl Counted for AcquireOutcome {
+    fn count(into: &LeaseMetrics, answer: Result<&Self, &ApiError>) {
         let outcome = match answer {
             Ok(outcome) => metrics::acquire_outcome(outcome),
             Err(_) => Some(Outcome::Error),
         };
         if let Some(outcome) = outcome {
-            self.acquire.with_label_values(&[outcome.as_str()]).inc();
+            into.acquire.with_label_values(&[outcome.as_str()]).inc();
         }
         if let Ok(AcquireOutcome::Acquired {
             how: Acquisition::TakenOver,
             ..
         }) = answer
         {
-            self.expired_while_held.inc();
+            into.expired_while_held.inc();
         }
     }
+}
 
-    pub fn renew(&self, answer: Result<&RenewOutcome, &ApiError>) {
+impl Counted for RenewOutcome {
+    fn count(into: &LeaseMetrics, answer: Result<&Self, &ApiError>) {
         let outcome = answer.map_or(Outcome::Error, metrics::renew_outcome);
-        self.renew.with_label_values(&[outcome.as_str()]).inc();
+        into.renew.with_label_values(&[outcome.as_str()]).inc();
     }
+}
 
-    pub fn release(&self, answer: Result<&ReleaseOutcome, &ApiError>) {
+impl Counted for ReleaseOutcome {
+    fn count(into: &LeaseMetrics, answer: Result<&Self, &ApiError>) {
         let outcome = answer.map_or(Outcome::Error, metrics::release_outcome);
-        self.release.with_label_values(&[outcome.as_str()]).inc();
+        into.release.with_label_values(&[outcome.as_str()]).inc();
         if let Ok(ReleaseOutcome::Released {
             acquired_at,
             released_at,
@@ -89,7 +100,7 @@ impl LeaseMetrics {
         {
             // Never negative: both times come from the store's clock in one step.
             let held = (*released_at - *acquired_at).to_std().unwrap_or_default();
-            self.held.observe(held.as_secs_f64());
+            into.held.observe(held.as_secs_f64());
         }
     }
 }
