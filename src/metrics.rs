@@ -1,5 +1,6 @@
-//! Every metric fencelock exposes, in one place: family names, help texts, label names and
-//! the only label values there are (API.md, *Metrics*), and how domain outcomes map onto them.
+//! Every metric fencelock exposes, in one place: one table of the families (name, label names,
+//! help text), the only label values there are (API.md, *Metrics*), and how domain outcomes
+//! map onto them.
 //!
 //! Metrics live in a [`Registry`] per application, never in a process-wide one: a process
 //! that runs several apps (the tests run a server per test) keeps each app's counts apart,
@@ -15,6 +16,20 @@ use prometheus::{
 pub use prometheus::{Registry, TEXT_FORMAT};
 
 use crate::domain::{AcquireOutcome, Acquisition, ReleaseOutcome, RenewOutcome};
+use label::Outcome;
+
+/// Declares each `NAME: "metric name" [label names], "help text";` as a `pub const` [`Family`]
+/// whose documentation is its help text.
+macro_rules! families {
+    ($($family:ident: $name:literal [$($label:literal),*], $help:literal;)*) => {$(
+        #[doc = $help]
+        pub const $family: Family = Family {
+            name: $name,
+            help: $help,
+            labels: &[$($label),*],
+        };
+    )*};
+}
 
 /// One metric family: its name, its help text and its label names.
 pub struct Family {
@@ -33,84 +48,41 @@ impl Family {
     }
 }
 
-pub const ACQUIRE: Family = Family {
-    name: "fencelock_acquire_total",
-    help: "Acquire requests answered, by outcome.",
-    labels: &[label::OUTCOME],
-};
-pub const RENEW: Family = Family {
-    name: "fencelock_renew_total",
-    help: "Renew requests answered, by outcome.",
-    labels: &[label::OUTCOME],
-};
-pub const RELEASE: Family = Family {
-    name: "fencelock_release_total",
-    help: "Release requests answered, by outcome.",
-    labels: &[label::OUTCOME],
-};
-pub const LEASE_HELD: Family = Family {
-    name: "fencelock_lease_held_seconds",
-    help: "How long released leases were held, from acquisition to release (store clock).",
-    labels: &[],
-};
-pub const EXPIRED_WHILE_HELD: Family = Family {
-    name: "fencelock_leases_expired_while_held_total",
-    help: "Leases taken over after expiry without a release: their holder crashed, or paused past its TTL.",
-    labels: &[],
-};
-pub const LIVE_LEASES: Family = Family {
-    name: "fencelock_live_leases",
-    help: "Live leases in the store, as last sampled.",
-    labels: &[],
-};
-pub const STORE_SECONDS: Family = Family {
-    name: "fencelock_store_seconds",
-    help: "Time taken by store operations, by operation.",
-    labels: &[label::OP],
-};
-pub const STORE_ERRORS: Family = Family {
-    name: "fencelock_store_errors_total",
-    help: "Store operations that got no answer, by kind.",
-    labels: &[label::KIND],
-};
-pub const HTTP_REQUESTS: Family = Family {
-    name: "fencelock_http_requests_total",
-    help: "HTTP requests answered, by route pattern, method and status.",
-    labels: &[label::ROUTE, label::METHOD, label::STATUS],
-};
-pub const HTTP_SECONDS: Family = Family {
-    name: "fencelock_http_request_seconds",
-    help: "Time from a request's arrival to its answer, by route pattern and method.",
-    labels: &[label::ROUTE, label::METHOD],
-};
-pub const BUILD_INFO: Family = Family {
-    name: "fencelock_build_info",
-    help: "Always 1; the labels say which build runs on which store.",
-    labels: &[label::VERSION, label::STORE],
-};
-pub const GUARD_WRITES: Family = Family {
-    name: "fencelock_guard_writes_total",
-    help: "Writes the fence guard decided on, by outcome.",
-    labels: &[label::OUTCOME],
-};
-pub const AUTH_FAILURES: Family = Family {
-    name: "fencelock_auth_failures_total",
-    help: "Lock requests refused by the bearer token check, by reason.",
-    labels: &[label::REASON],
-};
+// Every family, one row each: `NAME: "metric name" [label names], "help text";`.
+families! {
+    ACQUIRE: "fencelock_acquire_total" ["outcome"],
+        "Acquire requests answered, by outcome.";
+    RENEW: "fencelock_renew_total" ["outcome"],
+        "Renew requests answered, by outcome.";
+    RELEASE: "fencelock_release_total" ["outcome"],
+        "Release requests answered, by outcome.";
+    LEASE_HELD: "fencelock_lease_held_seconds" [],
+        "How long released leases were held, from acquisition to release (store clock).";
+    EXPIRED_WHILE_HELD: "fencelock_leases_expired_while_held_total" [],
+        "Leases taken over after expiry without a release: their holder crashed, or paused past its TTL.";
+    LIVE_LEASES: "fencelock_live_leases" [],
+        "Live leases in the store, as last sampled.";
+    STORE_SECONDS: "fencelock_store_seconds" ["op"],
+        "Time taken by store operations, by operation.";
+    STORE_ERRORS: "fencelock_store_errors_total" ["kind"],
+        "Store operations that got no answer, by kind.";
+    HTTP_REQUESTS: "fencelock_http_requests_total" ["route", "method", "status"],
+        "HTTP requests answered, by route pattern, method and status.";
+    HTTP_SECONDS: "fencelock_http_request_seconds" ["route", "method"],
+        "Time from a request's arrival to its answer, by route pattern and method.";
+    BUILD_INFO: "fencelock_build_info" ["version", "store"],
+        "Always 1; the labels say which build runs on which store.";
+    GUARD_WRITES: "fencelock_guard_writes_total" ["outcome"],
+        "Writes the fence guard decided on, by outcome.";
+    AUTH_FAILURES: "fencelock_auth_failures_total" ["reason"],
+        "Lock requests refused by the bearer token check, by reason.";
+}
 
-/// Label names, and the only values each label takes.
+/// The only values each label takes (a label's name is in the rows of its families).
+///
+/// `outcome`, the label of four families, is an enum: the mappings onto it say in their
+/// type what they return, and a match on an answer cannot fall back on another label's value.
 pub mod label {
-    pub const OUTCOME: &str = "outcome";
-    pub const OP: &str = "op";
-    pub const KIND: &str = "kind";
-    pub const ROUTE: &str = "route";
-    pub const METHOD: &str = "method";
-    pub const STATUS: &str = "status";
-    pub const VERSION: &str = "version";
-    pub const STORE: &str = "store";
-    pub const REASON: &str = "reason";
-
     /// `reason` of `fencelock_auth_failures_total`. Never a token's name.
     pub mod reason {
         /// No `Authorization: Bearer` header (`401`).
@@ -125,26 +97,50 @@ pub mod label {
     }
 
     /// `outcome` of acquire, renew, release and the guard's writes.
-    pub mod outcome {
-        pub const ACQUIRED: &str = "acquired";
-        pub const REACQUIRED: &str = "reacquired";
-        pub const TAKEN_OVER: &str = "taken_over";
-        pub const HELD: &str = "held";
-        pub const RENEWED: &str = "renewed";
-        pub const NOT_FOUND: &str = "not_found";
-        pub const EXPIRED: &str = "expired";
-        pub const OWNER_MISMATCH: &str = "owner_mismatch";
-        pub const STALE_FENCE: &str = "stale_fence";
-        pub const RELEASED: &str = "released";
-        pub const NOT_OWNER: &str = "not_owner";
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Outcome {
+        Acquired,
+        Reacquired,
+        TakenOver,
+        Held,
+        Renewed,
+        NotFound,
+        Expired,
+        OwnerMismatch,
+        StaleFence,
+        Released,
+        NotOwner,
         /// The store gave no answer (unavailable, timed out, or a bug): the client was told
         /// `503` or `500`.
-        pub const ERROR: &str = "error";
-        pub const ADMITTED: &str = "admitted";
-        pub const STALE: &str = "stale";
+        Error,
+        Admitted,
+        Stale,
         /// The guard refused the write's `Fencing-Token`: not signed by its keys for the key
         /// written (`403 invalid-fence-token`).
-        pub const INVALID_TOKEN: &str = "invalid_token";
+        InvalidToken,
+    }
+
+    impl Outcome {
+        /// The label value.
+        pub const fn as_str(self) -> &'static str {
+            match self {
+                Self::Acquired => "acquired",
+                Self::Reacquired => "reacquired",
+                Self::TakenOver => "taken_over",
+                Self::Held => "held",
+                Self::Renewed => "renewed",
+                Self::NotFound => "not_found",
+                Self::Expired => "expired",
+                Self::OwnerMismatch => "owner_mismatch",
+                Self::StaleFence => "stale_fence",
+                Self::Released => "released",
+                Self::NotOwner => "not_owner",
+                Self::Error => "error",
+                Self::Admitted => "admitted",
+                Self::Stale => "stale",
+                Self::InvalidToken => "invalid_token",
+            }
+        }
     }
 
     /// `op` of `fencelock_store_seconds`: one per store operation.
@@ -265,36 +261,36 @@ pub fn render(registry: &Registry) -> String {
 
 /// The `outcome` of an acquire answer; `None` for a refusal by quota, which is an auth
 /// failure ([`AUTH_FAILURES`]), not one of the contract's acquire outcomes.
-pub fn acquire_outcome(outcome: &AcquireOutcome) -> Option<&'static str> {
+pub fn acquire_outcome(outcome: &AcquireOutcome) -> Option<Outcome> {
     Some(match outcome {
         AcquireOutcome::Acquired { how, .. } => match how {
-            Acquisition::Fresh => label::outcome::ACQUIRED,
-            Acquisition::Reacquired => label::outcome::REACQUIRED,
-            Acquisition::TakenOver => label::outcome::TAKEN_OVER,
+            Acquisition::Fresh => Outcome::Acquired,
+            Acquisition::Reacquired => Outcome::Reacquired,
+            Acquisition::TakenOver => Outcome::TakenOver,
         },
-        AcquireOutcome::Held => label::outcome::HELD,
+        AcquireOutcome::Held => Outcome::Held,
         AcquireOutcome::QuotaExceeded { .. } => return None,
     })
 }
 
 /// The `outcome` of a renew answer.
-pub fn renew_outcome(outcome: &RenewOutcome) -> &'static str {
+pub fn renew_outcome(outcome: &RenewOutcome) -> Outcome {
     match outcome {
-        RenewOutcome::Renewed(_) => label::outcome::RENEWED,
-        RenewOutcome::NotFound => label::outcome::NOT_FOUND,
-        RenewOutcome::Expired => label::outcome::EXPIRED,
-        RenewOutcome::OwnerMismatch => label::outcome::OWNER_MISMATCH,
-        RenewOutcome::StaleFence { .. } => label::outcome::STALE_FENCE,
+        RenewOutcome::Renewed(_) => Outcome::Renewed,
+        RenewOutcome::NotFound => Outcome::NotFound,
+        RenewOutcome::Expired => Outcome::Expired,
+        RenewOutcome::OwnerMismatch => Outcome::OwnerMismatch,
+        RenewOutcome::StaleFence { .. } => Outcome::StaleFence,
     }
 }
 
 /// The `outcome` of a release answer.
-pub fn release_outcome(outcome: &ReleaseOutcome) -> &'static str {
+pub fn release_outcome(outcome: &ReleaseOutcome) -> Outcome {
     match outcome {
-        ReleaseOutcome::Released { .. } => label::outcome::RELEASED,
-        ReleaseOutcome::NotFound => label::outcome::NOT_FOUND,
-        ReleaseOutcome::NotOwner => label::outcome::NOT_OWNER,
-        ReleaseOutcome::StaleFence { .. } => label::outcome::STALE_FENCE,
+        ReleaseOutcome::Released { .. } => Outcome::Released,
+        ReleaseOutcome::NotFound => Outcome::NotFound,
+        ReleaseOutcome::NotOwner => Outcome::NotOwner,
+        ReleaseOutcome::StaleFence { .. } => Outcome::StaleFence,
     }
 }
 
@@ -307,7 +303,7 @@ mod tests {
         let (one, two) = (Registry::new(), Registry::new());
         let a = counter(&one, &ACQUIRE);
         let _b = counter(&two, &ACQUIRE);
-        a.with_label_values(&[label::outcome::HELD]).inc();
+        a.with_label_values(&[Outcome::Held.as_str()]).inc();
         assert!(render(&one).contains(r#"fencelock_acquire_total{outcome="held"} 1"#));
         assert!(!render(&two).contains("held"));
     }

@@ -22,12 +22,14 @@
 //! reached, the answer is `503 store-unavailable` with `Retry-After`, as from the lease
 //! server; a bug is a `500`.
 
+use std::future::{Ready, ready};
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
+use actix_web::dev::Payload;
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
-use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use actix_web::{App, FromRequest, HttpRequest, HttpResponse, HttpServer, web};
 use anyhow::Context as _;
 use chrono::SecondsFormat;
 use fencelock::domain::ResourceName;
@@ -144,6 +146,22 @@ fn key(raw: &str) -> Result<ResourceName, ApiError> {
     ResourceName::parse(raw).map_err(|e| ApiError::validation("key", e))
 }
 
+/// A document's `{key}`, parsed: a [`ResourceName`] (the lease server's resource rules), or
+/// `422` naming `key`.
+pub(crate) struct Key(ResourceName);
+
+impl FromRequest for Key {
+    type Error = actix_web::Error;
+    type Future = Ready<Result<Self, Self::Error>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let parsed = web::Path::<String>::from_request(req, payload)
+            .into_inner()
+            .and_then(|raw| Ok(Self(key(&raw)?)));
+        ready(parsed)
+    }
+}
+
 #[utoipa::path(
     put, path = "/docs/{key}", tag = "docs", params(api::KeyPath, api::FencingTokenHeader),
     summary = "Write a document, if the writer's fence is not stale",
@@ -156,12 +174,12 @@ fn key(raw: &str) -> Result<ResourceName, ApiError> {
 )]
 pub(crate) async fn put_doc(
     req: HttpRequest,
-    path: web::Path<String>,
+    // Extracted in this order: a missing or malformed token is refused before a bad key.
     token: FencingToken,
+    Key(key): Key,
     payload: web::Payload,
     docs: web::Data<Docs>,
 ) -> Result<HttpResponse, ApiError> {
-    let key = key(&path)?;
     // The token is checked for this key before the body is read: a refused one writes
     // nothing, not even the write log.
     let checked = docs.guard.check(key.as_str(), &token)?;
@@ -199,10 +217,9 @@ pub(crate) async fn put_doc(
     responses((status = 200, body = api::Document, description = "The document"), api::GetProblems),
 )]
 pub(crate) async fn get_doc(
-    path: web::Path<String>,
+    Key(key): Key,
     docs: web::Data<Docs>,
 ) -> Result<HttpResponse, ApiError> {
-    let key = key(&path)?;
     let doc = docs.ask(docs.store.get(&key)).await?;
     let doc = doc.ok_or_else(|| ApiError::NotFound(format!("no document {key}")))?;
     Ok(HttpResponse::Ok().json(json!({

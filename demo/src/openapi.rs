@@ -2,7 +2,9 @@
 //! the lease server's (see `fencelock::http::openapi`).
 
 use fencelock::http::ApiError;
-use fencelock::http::openapi::{body_refusals, finish, invalid_input, store_failures};
+use fencelock::http::openapi::{
+    ResourceNameSchema, body_refusals, finish, invalid_input, store_failures,
+};
 use serde_json::Value;
 use utoipa::OpenApi;
 
@@ -39,11 +41,7 @@ pub fn document() -> Value {
 pub struct KeyPath {
     /// 1-255 characters of `A-Z a-z 0-9 . _ - : @ + = ~`, not `.` or `..` (the lease
     /// server's resource rules). Anything else is `422`.
-    #[param(
-        min_length = 1,
-        max_length = 255,
-        pattern = r"^(?!\.\.?$)[A-Za-z0-9._:@+=~-]{1,255}$"
-    )]
+    #[param(value_type = ResourceNameSchema, inline)]
     key: String,
 }
 

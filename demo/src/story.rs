@@ -54,6 +54,10 @@ pub enum Verdict {
     NoDamage,
 }
 
+/// The workers, as the timeline names them and as they sign their reports.
+const WORKER_A: &str = "worker A";
+const WORKER_B: &str = "worker B";
+
 /// Prints a line of the story. A reader that goes away (`| head -3`) ends the story: the
 /// error carries `io::ErrorKind::BrokenPipe`, which `main` treats as a normal end.
 macro_rules! out {
@@ -144,15 +148,12 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
     out!("  fences:       {signed}\n")?;
 
     let a = locks.acquire(&resource, &owner_a, ttl).await?;
-    timeline.say("worker A", format!("acquires the lease: fence {}", a.fence))?;
-    let part_1 = report("worker A", "A's report, part 1");
+    timeline.say(WORKER_A, format!("acquires the lease: fence {}", a.fence))?;
+    let part_1 = report(WORKER_A, "A's report, part 1");
     let first = store.write(&resource, &a, part_1).await?;
+    timeline.wrote(WORKER_A, "writes part 1", &a, &first)?;
     timeline.say(
-        "worker A",
-        format!("writes part 1 with fence {} → {first}", a.fence),
-    )?;
-    timeline.say(
-        "worker A",
+        WORKER_A,
         "pauses (a long GC pause): it stops renewing and does not know it",
     )?;
 
@@ -164,32 +165,26 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
 
     let b = locks.acquire(&resource, &owner_b, ttl).await?;
     timeline.say(
-        "worker B",
+        WORKER_B,
         format!(
             "acquires the lease: fence {} (greater than A's {})",
             b.fence, a.fence
         ),
     )?;
-    let b_value = report("worker B", "B's complete report");
+    let b_value = report(WORKER_B, "B's complete report");
     let b_write = store.write(&resource, &b, b_value.clone()).await?;
-    timeline.say(
-        "worker B",
-        format!("writes its report with fence {} → {b_write}", b.fence),
-    )?;
+    timeline.wrote(WORKER_B, "writes its report", &b, &b_write)?;
 
     timeline.say(
-        "worker A",
+        WORKER_A,
         "wakes up, still believes it holds the lease, writes part 2",
     )?;
-    let part_2 = report("worker A", "A's report, part 2 (late)");
+    let part_2 = report(WORKER_A, "A's report, part 2 (late)");
     let late = store.write(&resource, &a, part_2).await?;
-    timeline.say(
-        "demo store",
-        format!("A's late write with fence {} → {late}", a.fence),
-    )?;
+    timeline.wrote("demo store", "A's late write", &a, &late)?;
 
     locks.release(&resource, &owner_b, Some(b.fence)).await?;
-    timeline.say("worker B", "releases the lease")?;
+    timeline.say(WORKER_B, "releases the lease")?;
 
     let doc = store.read(&resource).await?;
     out!("\nFinal document:\n  {}", serde_json::to_string(&doc)?)?;
@@ -274,6 +269,17 @@ impl Timeline {
     fn say(&self, who: &str, what: impl Display) -> std::io::Result<()> {
         let at = self.started.elapsed().as_secs_f64();
         writeln!(std::io::stdout().lock(), "  +{at:6.3}s  {who:<12}  {what}")
+    }
+
+    /// Tells a write made with `lock`'s fence, and what came of it.
+    fn wrote(
+        &self,
+        who: &str,
+        what: &str,
+        lock: &LockInfo,
+        result: &WriteResult,
+    ) -> std::io::Result<()> {
+        self.say(who, format!("{what} with fence {} → {result}", lock.fence))
     }
 }
 

@@ -544,12 +544,9 @@ const OPERATIONS: [(&str, &[u16]); 5] = [
     ("GET /openapi.json", &[200]),
 ];
 
-/// Documented, and served once the metrics work is merged; until then `404`.
-const NOT_YET_SERVED: &[&str] = &[];
-
 async fn the_document_matches_the_store(kind: StoreKind) {
     use fencelock_testkit::openapi::{
-        assert_not_served, assert_served_as_documented, fetch_document, slugs, statuses,
+        assert_serves_exactly, assert_slugs, fetch_document, statuses,
     };
     let store = TestStore::spawn(kind, Guarding::On).await;
     let document = fetch_document(&store.address).await;
@@ -561,23 +558,22 @@ async fn the_document_matches_the_store(kind: StoreKind) {
         })
         .collect();
     assert_eq!(statuses(&document), expected);
-    assert_eq!(slugs(&document, "/docs/{key}", "PUT", 409), ["stale-fence"]);
-    assert_eq!(
-        slugs(&document, "/docs/{key}", "PUT", 428),
-        ["fencing-token-required"]
+    assert_slugs(
+        &document,
+        &[
+            ("/docs/{key}", "PUT", 409, &["stale-fence"]),
+            ("/docs/{key}", "PUT", 428, &["fencing-token-required"]),
+            ("/docs/{key}", "PUT", 403, &["invalid-fence-token"]),
+        ],
     );
-    assert_eq!(
-        slugs(&document, "/docs/{key}", "PUT", 403),
-        ["invalid-fence-token"]
-    );
-    assert_served_as_documented(
+    let not_served = ["/docs", "/docs/a/b", "/healthz", "/"];
+    assert_serves_exactly(
         &store.address,
         &document,
         &[("key", "doc:openapi")],
-        NOT_YET_SERVED,
+        &not_served,
     )
     .await;
-    assert_not_served(&store.address, &["/docs", "/docs/a/b", "/healthz", "/"]).await;
 }
 
 fn random_key() -> FenceKey {

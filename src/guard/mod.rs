@@ -43,7 +43,8 @@ use actix_web::{FromRequest, HttpRequest};
 use crate::domain::Fence;
 use crate::domain::fence_token::{self, FenceKeys};
 use crate::http::ApiError;
-use crate::metrics::{self, Registry, label};
+use crate::metrics::label::Outcome;
+use crate::metrics::{self, Registry};
 
 /// The header a writer sends its fence in.
 pub const FENCING_TOKEN: &str = "Fencing-Token";
@@ -66,12 +67,8 @@ pub struct GuardMetrics {
 impl GuardMetrics {
     pub fn register(registry: &Registry) -> Self {
         let writes = metrics::counter(registry, &metrics::GUARD_WRITES);
-        for outcome in [
-            label::outcome::ADMITTED,
-            label::outcome::STALE,
-            label::outcome::INVALID_TOKEN,
-        ] {
-            writes.with_label_values(&[outcome]);
+        for outcome in [Outcome::Admitted, Outcome::Stale, Outcome::InvalidToken] {
+            writes.with_label_values(&[outcome.as_str()]);
         }
         Self { writes }
     }
@@ -79,17 +76,17 @@ impl GuardMetrics {
     /// Counts one decision of `admit`.
     fn decided(&self, admission: Admission) -> Admission {
         let outcome = match admission {
-            Admission::Admitted => label::outcome::ADMITTED,
-            Admission::Stale { .. } => label::outcome::STALE,
+            Admission::Admitted => Outcome::Admitted,
+            Admission::Stale { .. } => Outcome::Stale,
         };
-        self.writes.with_label_values(&[outcome]).inc();
+        self.writes.with_label_values(&[outcome.as_str()]).inc();
         admission
     }
 
     /// Counts one token refused by [`Guard::check`].
     fn refused(&self) {
         self.writes
-            .with_label_values(&[label::outcome::INVALID_TOKEN])
+            .with_label_values(&[Outcome::InvalidToken.as_str()])
             .inc();
     }
 }
@@ -305,7 +302,7 @@ mod tests {
         let refusals = guard
             .metrics()
             .writes
-            .with_label_values(&[label::outcome::INVALID_TOKEN])
+            .with_label_values(&[Outcome::InvalidToken.as_str()])
             .get();
         assert_eq!(refusals, 4);
     }

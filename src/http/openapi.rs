@@ -11,8 +11,10 @@ use std::collections::BTreeMap;
 
 use actix_web::HttpResponse;
 use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderName};
 use serde_json::{Value, json};
-use utoipa::openapi::{OpenApi, RefOr, Response};
+use utoipa::openapi::schema::{Schema, Type};
+use utoipa::openapi::{ObjectBuilder, OpenApi, RefOr, Response};
 
 use super::problem::{ApiError, FieldError, PROBLEM_JSON};
 
@@ -21,6 +23,24 @@ pub const DOCUMENT_PATH: &str = "/openapi.json";
 
 /// Largest fence: below 2^53, so that every JSON client reads it exactly.
 pub const MAX_FENCE: i64 = (1 << 53) - 1;
+
+/// The schema of a [`crate::domain::ResourceName`] in a path (the lease server's `{resource}`,
+/// the demo store's `{key}`): 1-255 characters of `A-Z a-z 0-9 . _ - : @ + = ~`, not `.` or
+/// `..`. A parameter takes it with `#[param(value_type = ResourceNameSchema, inline)]`.
+pub struct ResourceNameSchema;
+
+impl utoipa::PartialSchema for ResourceNameSchema {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(255))
+            .pattern(Some(r"^(?!\.\.?$)[A-Za-z0-9._:@+=~-]{1,255}$"))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for ResourceNameSchema {}
 
 /// An RFC 9457 problem document as fencelock services send it (`application/problem+json`).
 /// Each answer narrows `type` and `status` to what that operation can send.
@@ -153,38 +173,43 @@ fn problem_response(status: u16, sample: &ApiError, slugs: &[&str]) -> Value {
         } } },
     });
     let head = sample.response_head();
-    let mut headers = serde_json::Map::new();
-    if head.headers().contains_key("retry-after") {
-        headers.insert(
-            "Retry-After".into(),
-            json!({
-                "description": "Seconds to wait before retrying.",
-                "schema": { "type": "integer", "minimum": 0 },
-            }),
-        );
-    }
-    if head.headers().contains_key("www-authenticate") {
-        headers.insert(
-            "WWW-Authenticate".into(),
-            json!({
-                "description": "The scheme to authenticate with: `Bearer`.",
-                "schema": { "type": "string" },
-            }),
-        );
-    }
-    if head.headers().contains_key("allow") {
-        headers.insert(
-            "Allow".into(),
-            json!({
-                "description": "The methods this path serves.",
-                "schema": { "type": "string" },
-            }),
-        );
-    }
+    let headers: serde_json::Map<String, Value> = problem_headers()
+        .into_iter()
+        .filter(|(header, ..)| head.headers().contains_key(header))
+        .map(|(_, name, description, schema)| {
+            let documented = json!({ "description": description, "schema": schema });
+            (name.to_owned(), documented)
+        })
+        .collect();
     if !headers.is_empty() {
         response["headers"] = Value::Object(headers);
     }
     response
+}
+
+/// The headers a problem answer may carry, as its documentation names and describes them.
+fn problem_headers() -> [(HeaderName, &'static str, &'static str, Value); 3] {
+    let text = || json!({ "type": "string" });
+    [
+        (
+            header::RETRY_AFTER,
+            "Retry-After",
+            "Seconds to wait before retrying.",
+            json!({ "type": "integer", "minimum": 0 }),
+        ),
+        (
+            header::WWW_AUTHENTICATE,
+            "WWW-Authenticate",
+            "The scheme to authenticate with: `Bearer`.",
+            text(),
+        ),
+        (
+            header::ALLOW,
+            "Allow",
+            "The methods this path serves.",
+            text(),
+        ),
+    ]
 }
 
 /// The answers of an operation that always succeeds, apart from the HTTP layer's refusals:

@@ -1,17 +1,22 @@
 //! `/locks/{resource}`: acquire, inspect, renew, release.
 
-use actix_web::{HttpResponse, web};
+use actix_web::dev::Payload;
+use actix_web::{FromRequest, HttpRequest, HttpResponse, web};
 use chrono::{DateTime, SecondsFormat, Utc};
+use futures_util::future::LocalBoxFuture;
 use serde::Serialize;
 
 use super::auth::Caller;
+use super::metrics::Counted;
 use super::{AppState, openapi, parse};
 use crate::auth::Permission;
 use crate::domain::{
-    AcquireOutcome, Acquisition, Fence, FenceKey, Lease, ReleaseOutcome, RenewOutcome, ResourceName,
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, FenceKey, Lease, ReleaseOutcome,
+    ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ttl,
 };
 use crate::http::ApiError;
-use crate::http::body::JsonObject;
+use crate::http::body::{JsonObject, Object};
+use crate::store::{Deadline, StoreError};
 
 /// A lease as clients see it. `owner` is shown only to the request that presented it. The
 /// `fence_token`, like the fence it signs, is part of every lock object (API.md, *Signed
@@ -98,20 +103,10 @@ enum AcquireResponse<'a> {
     ),
 )]
 pub async fn acquire(
-    caller: Caller,
-    path: web::Path<String>,
-    JsonObject(body): JsonObject,
-    state: web::Data<AppState>,
+    LockWrite(mut request, caller, state): LockWrite<AcquireRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let mut request = parse::acquire(&path, body, state.max_ttl)?;
-    caller.allow(&request.resource, Permission::Lock)?;
     request.token = caller.quota();
-
-    let outcome = state
-        .write(|deadline| state.store.acquire(&request, deadline))
-        .await;
-    state.metrics.acquire(outcome.as_ref());
-    let outcome = outcome?;
+    let outcome = write(&state, |deadline| state.store.acquire(&request, deadline)).await?;
     let body = match &outcome {
         AcquireOutcome::Acquired { lease, how } => {
             let event = match how {
@@ -119,32 +114,18 @@ pub async fn acquire(
                 Acquisition::Reacquired => "reacquired",
                 Acquisition::TakenOver => "taken over after expiry",
             };
-            tracing::info!(
-                lease.resource = %lease.resource,
-                lease.fence = lease.fence.get(),
-                lease.ttl_s = request.ttl.seconds(),
-                token = caller.name(),
-                "lease {event}"
-            );
+            log_lease(event, lease, request.ttl, &caller);
             AcquireResponse::Acquired {
                 acquired: true,
                 lock: LockView::with_owner(lease, state.fence_key.as_ref()),
             }
         }
         AcquireOutcome::QuotaExceeded { max_leases } => {
-            tracing::info!(
-                lease.resource = %request.resource,
-                token = caller.name(),
-                "lease refused: the token is at its quota"
-            );
+            log_refusal(&request.resource, &caller, "the token is at its quota");
             return Err(caller.quota_exceeded(*max_leases));
         }
         AcquireOutcome::Held => {
-            tracing::info!(
-                lease.resource = %request.resource,
-                token = caller.name(),
-                "lease refused: held by another owner"
-            );
+            log_refusal(&request.resource, &caller, "held by another owner");
             AcquireResponse::Held {
                 acquired: false,
                 resource: request.resource.as_str(),
@@ -190,27 +171,11 @@ pub async fn inspect(
     ),
 )]
 pub async fn renew(
-    caller: Caller,
-    path: web::Path<String>,
-    JsonObject(body): JsonObject,
-    state: web::Data<AppState>,
+    LockWrite(request, caller, state): LockWrite<RenewRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = parse::renew(&path, body, state.max_ttl)?;
-    caller.allow(&request.resource, Permission::Lock)?;
-
-    let outcome = state
-        .write(|deadline| state.store.renew(&request, deadline))
-        .await;
-    state.metrics.renew(outcome.as_ref());
-    match outcome? {
+    match write(&state, |deadline| state.store.renew(&request, deadline)).await? {
         RenewOutcome::Renewed(lease) => {
-            tracing::info!(
-                lease.resource = %lease.resource,
-                lease.fence = lease.fence.get(),
-                lease.ttl_s = request.ttl.seconds(),
-                token = caller.name(),
-                "lease renewed"
-            );
+            log_lease("renewed", &lease, request.ttl, &caller);
             Ok(HttpResponse::Ok().json(RenewResponse {
                 lock: LockView::with_owner(&lease, state.fence_key.as_ref()),
             }))
@@ -244,19 +209,9 @@ pub async fn renew(
     ),
 )]
 pub async fn release(
-    caller: Caller,
-    path: web::Path<String>,
-    JsonObject(body): JsonObject,
-    state: web::Data<AppState>,
+    LockWrite(request, caller, state): LockWrite<ReleaseRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = parse::release(&path, body)?;
-    caller.allow(&request.resource, Permission::Lock)?;
-
-    let outcome = state
-        .write(|deadline| state.store.release(&request, deadline))
-        .await;
-    state.metrics.release(outcome.as_ref());
-    match outcome? {
+    match write(&state, |deadline| state.store.release(&request, deadline)).await? {
         ReleaseOutcome::Released { fence, .. } => {
             tracing::info!(
                 lease.resource = %request.resource,
@@ -275,6 +230,89 @@ pub async fn release(
             Err(stale_fence(&request.resource, request.fence, current))
         }
     }
+}
+
+/// The prologue of every lock write, as an extractor: the request parsed from its path and
+/// JSON body (every bad field in one `422`), then allowed for the caller (`403`
+/// forbidden-scope); with the caller and the app state. Its parts are extracted in the
+/// order of a handler's arguments: the caller, the path, the body.
+pub struct LockWrite<R>(R, Caller, web::Data<AppState>);
+
+/// A lock write's request: how [`LockWrite`] parses it, and what resource it locks.
+pub trait LockRequest: Sized + 'static {
+    fn parse(resource: &str, body: Object, max_ttl: Ttl) -> Result<Self, ApiError>;
+    fn resource(&self) -> &ResourceName;
+}
+
+/// Implements [`LockRequest`] for each `Request => parser;`.
+macro_rules! lock_requests {
+    ($($request:ty => $parse:expr;)*) => {$(
+        impl LockRequest for $request {
+            fn parse(resource: &str, body: Object, max_ttl: Ttl) -> Result<Self, ApiError> {
+                $parse(resource, body, max_ttl)
+            }
+
+            fn resource(&self) -> &ResourceName {
+                &self.resource
+            }
+        }
+    )*};
+}
+
+lock_requests! {
+    AcquireRequest => parse::acquire;
+    RenewRequest => parse::renew;
+    ReleaseRequest => |resource, body, _| parse::release(resource, body);
+}
+
+impl<R: LockRequest> FromRequest for LockWrite<R> {
+    type Error = actix_web::Error;
+    type Future = LocalBoxFuture<'static, Result<Self, Self::Error>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let parts = <(Caller, web::Path<String>, JsonObject, web::Data<AppState>)>::from_request(
+            req, payload,
+        );
+        Box::pin(async move {
+            let (caller, path, JsonObject(body), state) = parts.await?;
+            let request = R::parse(&path, body, state.max_ttl)?;
+            caller.allow(request.resource(), Permission::Lock)?;
+            Ok(Self(request, caller, state))
+        })
+    }
+}
+
+/// Runs a lock write within its deadline (see [`AppState::write`]) and counts its answer.
+async fn write<T: Counted, F>(
+    state: &AppState,
+    operation: impl FnOnce(Deadline) -> F,
+) -> Result<T, ApiError>
+where
+    F: Future<Output = Result<T, StoreError>>,
+{
+    let answer = state.write(operation).await;
+    T::count(&state.metrics, answer.as_ref());
+    answer
+}
+
+/// The log line of a lease granted or extended: `lease {event}`.
+fn log_lease(event: &str, lease: &Lease, ttl: Ttl, caller: &Caller) {
+    tracing::info!(
+        lease.resource = %lease.resource,
+        lease.fence = lease.fence.get(),
+        lease.ttl_s = ttl.seconds(),
+        token = caller.name(),
+        "lease {event}"
+    );
+}
+
+/// The log line of an acquisition the store refused: `lease refused: {why}`.
+fn log_refusal(resource: &ResourceName, caller: &Caller, why: &str) {
+    tracing::info!(
+        lease.resource = %resource,
+        token = caller.name(),
+        "lease refused: {why}"
+    );
 }
 
 fn no_live_lease(resource: &ResourceName) -> ApiError {

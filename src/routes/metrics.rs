@@ -6,7 +6,8 @@ use prometheus::{Histogram, IntCounter, IntCounterVec};
 
 use crate::domain::{AcquireOutcome, Acquisition, ReleaseOutcome, RenewOutcome};
 use crate::http::ApiError;
-use crate::metrics::{self, Registry, label};
+use crate::metrics::label::{self, Outcome};
+use crate::metrics::{self, Registry};
 use crate::store::metered::StoreMetrics;
 
 pub struct LeaseMetrics {
@@ -21,33 +22,26 @@ pub struct LeaseMetrics {
 
 impl LeaseMetrics {
     pub fn register(registry: &Registry, store: StoreMetrics) -> Self {
-        use label::outcome::*;
+        use label::Outcome::*;
         let counters = [
             (
                 &metrics::ACQUIRE,
-                &[ACQUIRED, REACQUIRED, TAKEN_OVER, HELD, ERROR][..],
+                &[Acquired, Reacquired, TakenOver, Held, Error][..],
             ),
             (
                 &metrics::RENEW,
-                &[
-                    RENEWED,
-                    NOT_FOUND,
-                    EXPIRED,
-                    OWNER_MISMATCH,
-                    STALE_FENCE,
-                    ERROR,
-                ][..],
+                &[Renewed, NotFound, Expired, OwnerMismatch, StaleFence, Error][..],
             ),
             (
                 &metrics::RELEASE,
-                &[RELEASED, NOT_FOUND, NOT_OWNER, STALE_FENCE, ERROR][..],
+                &[Released, NotFound, NotOwner, StaleFence, Error][..],
             ),
         ]
         .map(|(family, outcomes)| {
             let counter = metrics::counter(registry, family);
             // Every outcome is shown from the start, at 0.
             for outcome in outcomes {
-                counter.with_label_values(&[*outcome]);
+                counter.with_label_values(&[outcome.as_str()]);
             }
             counter
         });
@@ -61,32 +55,43 @@ impl LeaseMetrics {
             store,
         }
     }
+}
 
-    pub fn acquire(&self, answer: Result<&AcquireOutcome, &ApiError>) {
+/// The answer to a lock write, counted `into` its family once it is known.
+pub trait Counted {
+    fn count(into: &LeaseMetrics, answer: Result<&Self, &ApiError>);
+}
+
+impl Counted for AcquireOutcome {
+    fn count(into: &LeaseMetrics, answer: Result<&Self, &ApiError>) {
         let outcome = match answer {
             Ok(outcome) => metrics::acquire_outcome(outcome),
-            Err(_) => Some(label::outcome::ERROR),
+            Err(_) => Some(Outcome::Error),
         };
         if let Some(outcome) = outcome {
-            self.acquire.with_label_values(&[outcome]).inc();
+            into.acquire.with_label_values(&[outcome.as_str()]).inc();
         }
         if let Ok(AcquireOutcome::Acquired {
             how: Acquisition::TakenOver,
             ..
         }) = answer
         {
-            self.expired_while_held.inc();
+            into.expired_while_held.inc();
         }
     }
+}
 
-    pub fn renew(&self, answer: Result<&RenewOutcome, &ApiError>) {
-        let outcome = answer.map_or(label::outcome::ERROR, metrics::renew_outcome);
-        self.renew.with_label_values(&[outcome]).inc();
+impl Counted for RenewOutcome {
+    fn count(into: &LeaseMetrics, answer: Result<&Self, &ApiError>) {
+        let outcome = answer.map_or(Outcome::Error, metrics::renew_outcome);
+        into.renew.with_label_values(&[outcome.as_str()]).inc();
     }
+}
 
-    pub fn release(&self, answer: Result<&ReleaseOutcome, &ApiError>) {
-        let outcome = answer.map_or(label::outcome::ERROR, metrics::release_outcome);
-        self.release.with_label_values(&[outcome]).inc();
+impl Counted for ReleaseOutcome {
+    fn count(into: &LeaseMetrics, answer: Result<&Self, &ApiError>) {
+        let outcome = answer.map_or(Outcome::Error, metrics::release_outcome);
+        into.release.with_label_values(&[outcome.as_str()]).inc();
         if let Ok(ReleaseOutcome::Released {
             acquired_at,
             released_at,
@@ -95,7 +100,7 @@ impl LeaseMetrics {
         {
             // Never negative: both times come from the store's clock in one step.
             let held = (*released_at - *acquired_at).to_std().unwrap_or_default();
-            self.held.observe(held.as_secs_f64());
+            into.held.observe(held.as_secs_f64());
         }
     }
 }

@@ -15,7 +15,9 @@ use utoipa::openapi::RefOr;
 use super::{AppState, health, listing, locks};
 use crate::domain::Ttl;
 use crate::http::ApiError;
-use crate::http::openapi::{body_refusals, finish, invalid_input, store_failures};
+use crate::http::openapi::{
+    ResourceNameSchema, body_refusals, finish, invalid_input, store_failures,
+};
 
 /// The prefix every lock path is also served under.
 pub const VERSION_PREFIX: &str = "/v1";
@@ -140,11 +142,7 @@ fn owner_schema() -> utoipa::openapi::Object {
 pub struct ResourcePath {
     /// The locked thing's name: 1-255 characters of `A-Z a-z 0-9 . _ - : @ + = ~`, not `.`
     /// or `..`. Anything else is `422`.
-    #[param(
-        min_length = 1,
-        max_length = 255,
-        pattern = r"^(?!\.\.?$)[A-Za-z0-9._:@+=~-]{1,255}$"
-    )]
+    #[param(value_type = ResourceNameSchema, inline)]
     resource: String,
 }
 
@@ -246,55 +244,46 @@ impl utoipa::ToSchema for LiveLease {}
 
 // The problem answers of each operation, beyond those of the HTTP layer.
 crate::problem_answers! {
-    AcquireProblems => [
-        auth_refusals(),
-        body_refusals(),
-        vec![invalid_input(), ApiError::QuotaExceeded(String::new())],
-        store_failures(),
-    ].into_iter().flatten();
-    InspectProblems => [
-        auth_refusals(),
-        vec![invalid_input(), ApiError::NotFound(String::new())],
-        store_failures(),
-    ].into_iter().flatten();
-    ReleaseProblems => [
-        auth_refusals(),
-        body_refusals(),
-        vec![
-            invalid_input(),
-            ApiError::NotFound(String::new()),
-            ApiError::Forbidden(String::new()),
-            stale_fence(),
-        ],
-        store_failures(),
-    ].into_iter().flatten();
-    RenewProblems => [
-        auth_refusals(),
-        body_refusals(),
-        vec![
-            invalid_input(),
-            ApiError::NotFound(String::new()),
-            ApiError::LeaseExpired(String::new()),
-            ApiError::OwnerMismatch(String::new()),
-            stale_fence(),
-        ],
-        store_failures(),
-    ].into_iter().flatten();
-    ListProblems => [
-        auth_refusals(),
-        vec![invalid_input()],
-        store_failures(),
-    ].into_iter().flatten();
+    AcquireProblems => lock_problems(with_body(vec![ApiError::QuotaExceeded(String::new())]));
+    InspectProblems => lock_problems(vec![ApiError::NotFound(String::new())]);
+    ReleaseProblems => lock_problems(with_body(holder_refusals(vec![
+        ApiError::Forbidden(String::new()),
+    ])));
+    RenewProblems => lock_problems(with_body(holder_refusals(vec![
+        ApiError::LeaseExpired(String::new()),
+        ApiError::OwnerMismatch(String::new()),
+    ])));
+    ListProblems => lock_problems(Vec::new());
     ReadyProblems => vec![ApiError::NotReady(String::new())];
 }
 
-/// With `--auth-file`: no or an unknown bearer token (`401`, before anything else), and a
-/// resource or operation outside the token's scope (`403`).
-fn auth_refusals() -> Vec<ApiError> {
-    vec![
+/// The problems of a lock operation: with `--auth-file`, no or an unknown bearer token (`401`,
+/// before anything else) and a resource or operation outside the token's scope (`403`
+/// forbidden-scope, ahead of the operation's own `403`); a field that breaks the input rules
+/// (`422`); its `own`; and a store that cannot answer.
+fn lock_problems(own: Vec<ApiError>) -> Vec<ApiError> {
+    let auth = vec![
         ApiError::Unauthorized(String::new()),
         ApiError::ForbiddenScope(String::new()),
-    ]
+    ];
+    [auth, vec![invalid_input()], own, store_failures()]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// `own` and the refusals of a JSON request body.
+fn with_body(own: Vec<ApiError>) -> Vec<ApiError> {
+    body_refusals().into_iter().chain(own).collect()
+}
+
+/// The holder's checks of renew and release, in the contract's order: no lease (`404`), then
+/// the operation's `own`, then a fence that is not the lease's (`409 stale-fence`).
+fn holder_refusals(own: Vec<ApiError>) -> Vec<ApiError> {
+    let mut refusals = vec![ApiError::NotFound(String::new())];
+    refusals.extend(own);
+    refusals.push(stale_fence());
+    refusals
 }
 
 /// The bearer scheme of `--auth-file`. Without the file the server checks no token, so each

@@ -30,7 +30,8 @@
 //!   installed server binaries, on a free port) whose TLS rules ([`ClusterTls`]) the shared
 //!   test server cannot be made to have: TLS required, or not offered.
 //! - [`closed_port`]: a local port nothing listens on, for "unreachable" tests.
-//! - `output`: [`assert_succeeded`], for a command run to its end.
+//! - `output`: [`assert_succeeded`] and [`assert_failed_in_one_line`], for a command run to
+//!   its end.
 
 mod cluster;
 mod exposition;
@@ -43,7 +44,7 @@ mod storage;
 
 pub use cluster::{ClusterOptions, ClusterTls, PrivateCluster};
 pub use exposition::{Exposition, Sample, TEXT_FORMAT};
-pub use output::assert_succeeded;
+pub use output::{assert_failed_in_one_line, assert_succeeded};
 pub use proxy::Proxy;
 pub use raw::{RawResponse, assert_raw_problem, parse_raw, raw_exchange};
 pub use server::{

@@ -14,3 +14,13 @@ pub fn assert_succeeded(output: &Output, context: &str) -> String {
     );
     stdout
 }
+
+/// Asserts that `output` is that of a command that failed and said why in exactly one line
+/// on stderr (blank lines aside), quoting `context` if not; returns that line.
+pub fn assert_failed_in_one_line(output: &Output, context: &str) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!output.status.success(), "{context}: succeeded\n{stderr}");
+    assert_eq!(lines.len(), 1, "{context}: {stderr}");
+    lines[0].to_owned()
+}

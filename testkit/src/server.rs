@@ -108,6 +108,14 @@ impl TestApp {
         .await
     }
 
+    /// `DELETE /locks/{resource}` by `owner`, without a fence, with `token`.
+    pub async fn release_as(&self, token: Option<&str>, resource: &str, owner: &str) -> Response {
+        let body = json!({ "owner": owner });
+        let path = format!("/locks/{resource}");
+        self.send_as(token, Method::DELETE, &path, Some(&body))
+            .await
+    }
+
     pub async fn spawn_with(db: Arc<TestDb>, settings: Settings) -> Self {
         init_logging();
         let scheme = if settings.tls.is_some() {
@@ -219,6 +227,14 @@ impl TestApp {
     pub async fn renew(&self, resource: &str, body: Value) -> Response {
         self.json(Method::POST, &format!("/locks/{resource}/renew"), &body)
             .await
+    }
+
+    /// Renews and asserts success; returns the `lock` object.
+    pub async fn renew_ok(&self, resource: &str, body: Value) -> Value {
+        let response = self.renew(resource, body).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let renewed: Value = response.json().await.expect("JSON body");
+        renewed["lock"].clone()
     }
 
     pub async fn release(&self, resource: &str, body: Value) -> Response {

@@ -9,7 +9,7 @@ use fencelock::auth::{Auth, hex, sha256};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestApp, assert_problem, client};
+use crate::helpers::{StoreKind, TTL, TestApp, assert_failed_in_one_line, assert_problem, client};
 use crate::process::{ServerProcess, command};
 
 const BILLING: &str = "billing-secret-0123456789";
@@ -194,14 +194,7 @@ async fn tokens_keep_to_their_prefixes_and_permissions(kind: StoreKind) {
         )
         .await;
     assert_eq!(response.status(), 200);
-    let response = app
-        .send_as(
-            Some(BILLING),
-            Method::DELETE,
-            "/locks/billing:x",
-            Some(&json!({ "owner": "o" })),
-        )
-        .await;
+    let response = app.release_as(Some(BILLING), "billing:x", "o").await;
     assert_eq!(response.status(), 204);
 }
 
@@ -226,14 +219,7 @@ async fn a_token_holds_at_most_its_quota_of_live_leases(kind: StoreKind) {
     assert_problem(response, 429, "quota-exceeded").await;
 
     // A release frees a place.
-    let response = app
-        .send_as(
-            Some(BILLING),
-            Method::DELETE,
-            "/locks/billing:b",
-            Some(&json!({ "owner": "o" })),
-        )
-        .await;
+    let response = app.release_as(Some(BILLING), "billing:b", "o").await;
     assert_eq!(response.status(), 204);
     let response = app.acquire_as(Some(BILLING), "billing:c", "o", TTL).await;
     assert_eq!(response.status(), 200);
@@ -408,13 +394,10 @@ fn a_bad_auth_file_stops_startup_with_one_line() {
             ])
             .output()
             .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-        assert!(!output.status.success(), "{text}");
-        assert_eq!(lines.len(), 1, "{stderr}");
+        let line = assert_failed_in_one_line(&output, &text);
         assert!(
-            lines[0].starts_with("fencelock: ") && lines[0].contains(word),
-            "{stderr}"
+            line.starts_with("fencelock: ") && line.contains(word),
+            "{line}"
         );
     }
     let output = command(None, dir.path())
@@ -435,11 +418,8 @@ fn no_auth_on_a_public_address_needs_allow_unauthenticated() {
         .args(["--bind", "0.0.0.0:0"])
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert!(!output.status.success());
-    assert_eq!(lines.len(), 1, "{stderr}");
-    assert!(lines[0].contains("--allow-unauthenticated"), "{stderr}");
+    let line = assert_failed_in_one_line(&output, "--bind 0.0.0.0:0");
+    assert!(line.contains("--allow-unauthenticated"), "{line}");
     assert!(!dir.path().join("fencelock.db").exists(), "nothing opened");
 
     let server = ServerProcess::start_with(

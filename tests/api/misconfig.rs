@@ -8,7 +8,9 @@ use std::process::Output;
 
 use serde_json::Value;
 
-use crate::helpers::{StoreKind, TestDb, admin_url, assert_succeeded, client};
+use crate::helpers::{
+    StoreKind, TestDb, admin_url, assert_failed_in_one_line, assert_succeeded, client,
+};
 use crate::process::{ServerProcess, command};
 
 /// `admin_url` with its login replaced by `user`.
@@ -75,12 +77,8 @@ pub(crate) async fn misconfiguration_is_named(url: &str, cause: &str) {
     );
     assert!(errors[0].contains(cause), "{}", errors[0]);
 
-    let checked = check(url);
-    let stderr = String::from_utf8_lossy(&checked.stderr);
-    assert!(!checked.status.success(), "check passed: {stderr}");
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "{stderr}");
-    assert!(lines[0].contains(cause), "{stderr}");
+    let line = assert_failed_in_one_line(&check(url), "check");
+    assert!(line.contains(cause), "{line}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

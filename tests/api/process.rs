@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::helpers::{RowLock, StoreKind, TTL, TestDb, client};
+use crate::helpers::{RowLock, StoreKind, TTL, TestDb, assert_failed_in_one_line, client};
 
 /// Every setting: its flag and its environment variable, as `--help` must name them. Both
 /// are cleared for the tests' processes, so that a developer's shell cannot leak into them.
@@ -313,13 +313,10 @@ fn bad_settings_stop_startup_with_one_line() {
         if let Some((key, value)) = env {
             command.env(key, value);
         }
-        let output = command.output().unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-        assert!(!output.status.success(), "{args:?} {env:?} started");
-        assert_eq!(lines.len(), 1, "{args:?} {env:?}: {stderr}");
-        assert!(lines[0].starts_with("fencelock: "), "{stderr}");
-        assert!(!stderr.contains("panicked"), "{stderr}");
+        let line =
+            assert_failed_in_one_line(&command.output().unwrap(), &format!("{args:?} {env:?}"));
+        assert!(line.starts_with("fencelock: "), "{line}");
+        assert!(!line.contains("panicked"), "{line}");
     }
 }
 

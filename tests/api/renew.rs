@@ -13,17 +13,14 @@ fn at(lock: &Value, field: &str) -> DateTime<Utc> {
 async fn renew_extends_the_live_lease(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     let lock = app.acquire_ok("job:1", "a", 10).await;
-    let response = app
-        .renew("job:1", json!({ "owner": "a", "ttl_seconds": 120 }))
+    let renewed = app
+        .renew_ok("job:1", json!({ "owner": "a", "ttl_seconds": 120 }))
         .await;
-    assert_eq!(response.status(), 200);
-    let body: Value = response.json().await.unwrap();
-    let renewed = &body["lock"];
     assert_eq!(renewed["resource"], json!("job:1"));
     assert_eq!(renewed["owner"], json!("a"));
-    assert_eq!(fence(renewed), fence(&lock));
+    assert_eq!(fence(&renewed), fence(&lock));
     assert_eq!(renewed["acquired_at"], lock["acquired_at"]);
-    assert!(at(renewed, "expires_at") > at(&lock, "expires_at"));
+    assert!(at(&renewed, "expires_at") > at(&lock, "expires_at"));
     let left = renewed["expires_in_ms"].as_i64().unwrap();
     assert!(
         (115_000..=120_000).contains(&left),

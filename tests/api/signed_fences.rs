@@ -4,7 +4,7 @@
 use fencelock::domain::{Fence, FenceKey, FenceKeys};
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestApp, TestDb, fence};
+use crate::helpers::{StoreKind, TTL, TestApp, TestDb, assert_failed_in_one_line, fence};
 
 fn key() -> FenceKey {
     FenceKey::from_bytes((0..32).map(|_| rand::random::<u8>()).collect()).unwrap()
@@ -44,16 +44,10 @@ async fn holders_get_a_fence_token_that_verifies(kind: StoreKind) {
     let keys = FenceKeys::new(vec![key.clone()]);
     assert!(keys.verify("job:2", token).is_err());
 
-    let renewed = app
-        .renew(
-            "job:1",
-            json!({"owner": "a", "ttl_seconds": TTL, "fence": fence(&lock)}),
-        )
-        .await;
-    assert_eq!(renewed.status(), 200);
-    let renewed: Value = renewed.json().await.unwrap();
-    assert_signed(&renewed["lock"], &key);
-    assert_eq!(renewed["lock"]["fence_token"], lock["fence_token"]);
+    let renew = json!({"owner": "a", "ttl_seconds": TTL, "fence": fence(&lock)});
+    let renewed = app.renew_ok("job:1", renew).await;
+    assert_signed(&renewed, &key);
+    assert_eq!(renewed["fence_token"], lock["fence_token"]);
 
     let again = app.acquire_ok("job:1", "a", TTL).await;
     assert_signed(&again, &key);
@@ -96,14 +90,10 @@ fn a_bad_key_file_stops_startup_with_one_line() {
         } else {
             command.arg("--fence-key").arg(file);
         }
-        let output = command.output().unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-        assert!(!output.status.success(), "{file:?} started");
-        assert_eq!(lines.len(), 1, "{stderr}");
-        assert!(lines[0].starts_with("fencelock: --fence-key"), "{stderr}");
+        let line = assert_failed_in_one_line(&command.output().unwrap(), &format!("{file:?}"));
+        assert!(line.starts_with("fencelock: --fence-key"), "{line}");
         let name = file.file_name().unwrap().to_str().unwrap();
-        assert!(lines[0].contains(name), "{stderr}");
+        assert!(line.contains(name), "{line}");
     }
 }
 
