@@ -229,13 +229,17 @@ pub async fn run(
                     .map_err(|e| format!("{e:#}"));
                 match &outcome {
                     Ok(f) => eprintln!(
-                        "{:.0}/s, p99 {:.2} ms, client CPU {:.2}, server CPU {}",
+                        "{:.0}/s, p99 {:.2} ms, CPU: client {:.2}, server {}, PostgreSQL {}, machine {:.2}",
                         f.rate,
                         f.latency.map_or(f64::NAN, |l| l.p99_ms),
                         f.cpu.client,
                         f.cpu
                             .server
-                            .map_or_else(|| "-".to_owned(), |s| format!("{s:.2}"))
+                            .map_or_else(|| "-".to_owned(), |s| format!("{s:.2}")),
+                        f.cpu
+                            .database
+                            .map_or_else(|| "-".to_owned(), |s| format!("{s:.2}")),
+                        f.cpu.machine_busy,
                     ),
                     Err(e) => eprintln!("FAILED: {e}"),
                 }

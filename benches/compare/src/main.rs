@@ -3,7 +3,7 @@
 //! and 64 connections, alternating the sides, and a table of ratios on stdout.
 //!
 //! ```sh
-//! cargo run --release -p fencelock-bench              # the full run (about 10 minutes)
+//! cargo run --release -p fencelock-bench              # the full run (about 8 minutes)
 //! cargo run --release -p fencelock-bench -- --quick   # a smoke test (about 2 minutes)
 //! ```
 //!

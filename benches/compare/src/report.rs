@@ -450,9 +450,10 @@ fn legend(out: &mut String, o: &Outcome) {
          acquisitions are counted (pgbench: the deletes on its table, n_tup_del).",
         "won: won acquisitions among attempts (near 100% over 10,000 resources: this checks the pgbench count). \
          Latency per request (fencelock, Redis) or per transaction = cycle (pgbench); cyc p99: per cycle.",
-        "CPU in cores (CPU seconds per second of the measured window): client = the load generator (this process) or \
-         pgbench; server = fencelock or redis-server; pg = PostgreSQL's processes (PostgreSQL rows); machine = every \
-         process, any other work on the machine included.",
+        "CPU in cores (CPU seconds per second of the measured window): client = the load generator (this process, \
+         getrusage) or pgbench; server = fencelock or redis-server (/proc/PID/stat); pg = PostgreSQL's processes \
+         (PostgreSQL rows); machine = every process (/proc/stat), any other work on the machine included: near the \
+         core count, the machine was saturated and the figures are noisy.",
     ];
     for line in lines {
         let _ = writeln!(out, "{}", wrap(line, 100));
