@@ -1,6 +1,6 @@
 //! Test support for fencelock and the services beside it, shared by the lease server's
-//! integration tests (`tests/api`), the demo store's tests and the benchmark, so that each
-//! harness exists once. Used only by tests and benches (`publish = false`).
+//! integration tests (`tests/api`) and the demo store's tests, so that each harness exists
+//! once. Used only by tests (`publish = false`).
 //!
 //! It depends on `fencelock` itself: [`TestApp`] builds the real server with
 //! `startup::Application`, and [`TestDb`] hands out the lease store's `StoreConfig`. The

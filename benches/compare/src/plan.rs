@@ -1,0 +1,183 @@
+//! What is measured, in which order. The plan is fixed: every full run of the benchmark
+//! makes the same runs in the same order, so that two runs (before and after a change) can
+//! be read side by side.
+//!
+//! Each row compares sides under one load; its sides alternate, round after round
+//! (`A B A B ...`, or `A B C A B C ...`), so that a slow spell of the machine falls on every
+//! side alike.
+
+use crate::load::Pattern;
+
+/// A store the lease server runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StoreKey {
+    Postgres,
+    /// PostgreSQL, with a million live leases loaded before the runs.
+    PostgresLoaded,
+    Sqlite,
+    /// SQLite, with a million live leases loaded before the runs.
+    SqliteLoaded,
+}
+
+impl StoreKey {
+    pub fn store_name(self) -> &'static str {
+        match self {
+            Self::Postgres | Self::PostgresLoaded => "PostgreSQL",
+            Self::Sqlite | Self::SqliteLoaded => "SQLite",
+        }
+    }
+
+    pub fn describe(self, live_leases: u64) -> String {
+        match self {
+            Self::Postgres => "fencelock, PostgreSQL store".to_owned(),
+            Self::PostgresLoaded => {
+                format!(
+                    "fencelock, PostgreSQL store, {} live leases",
+                    count(live_leases)
+                )
+            }
+            Self::Sqlite => "fencelock, SQLite store".to_owned(),
+            Self::SqliteLoaded => {
+                format!(
+                    "fencelock, SQLite store, {} live leases",
+                    count(live_leases)
+                )
+            }
+        }
+    }
+}
+
+/// `1000000` as `10^6`, other counts as they are.
+pub fn count(n: u64) -> String {
+    if n >= 10 && 10u64.pow(n.ilog10()) == n {
+        format!("10^{}", n.ilog10())
+    } else {
+        n.to_string()
+    }
+}
+
+/// One side of a comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Fencelock(StoreKey),
+    /// pgbench with the reference script of the row's pattern.
+    Pgbench,
+    /// Redis with `appendfsync always`.
+    Redis,
+}
+
+impl Side {
+    pub fn describe(self, pattern: Pattern, live_leases: u64) -> String {
+        match (self, pattern) {
+            (Self::Fencelock(store), _) => store.describe(live_leases),
+            (Self::Pgbench, Pattern::Cycles) => "pgbench, script A".to_owned(),
+            (Self::Pgbench, Pattern::Hot) => "pgbench, script B".to_owned(),
+            (Self::Redis, _) => "Redis, appendfsync always".to_owned(),
+        }
+    }
+}
+
+/// The two groups of rows: each store with its reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Block {
+    Postgres,
+    Sqlite,
+}
+
+/// Sides compared under one load.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub block: Block,
+    pub pattern: Pattern,
+    pub connections: usize,
+    pub sides: Vec<Side>,
+}
+
+impl Row {
+    pub fn describe(&self) -> String {
+        let store = match self.block {
+            Block::Postgres => "PostgreSQL",
+            Block::Sqlite => "SQLite",
+        };
+        let load = match self.pattern {
+            Pattern::Cycles => "cycles",
+            Pattern::Hot => "hot 10",
+        };
+        format!("{store} {load} x{}", self.connections)
+    }
+}
+
+/// The connection counts every store is measured at.
+pub const CONNECTIONS: [usize; 3] = [1, 16, 64];
+/// Where the hot-resource and the many-leases comparisons are made.
+pub const BUSY: usize = 16;
+
+/// The rows, in the order they run; `only` keeps one block.
+pub fn rows(only: Option<Block>) -> Vec<Row> {
+    use Side::{Fencelock, Pgbench, Redis};
+    use StoreKey::{Postgres, PostgresLoaded, Sqlite, SqliteLoaded};
+    let mut rows = Vec::new();
+    if only.is_none_or(|b| b == Block::Postgres) {
+        for connections in CONNECTIONS {
+            let mut sides = vec![Fencelock(Postgres), Pgbench];
+            if connections == BUSY {
+                sides.push(Fencelock(PostgresLoaded));
+            }
+            rows.push(Row {
+                block: Block::Postgres,
+                pattern: Pattern::Cycles,
+                connections,
+                sides,
+            });
+        }
+        rows.push(Row {
+            block: Block::Postgres,
+            pattern: Pattern::Hot,
+            connections: BUSY,
+            sides: vec![Fencelock(Postgres), Pgbench],
+        });
+    }
+    if only.is_none_or(|b| b == Block::Sqlite) {
+        for connections in CONNECTIONS {
+            let mut sides = vec![Fencelock(Sqlite), Redis];
+            if connections == BUSY {
+                sides.push(Fencelock(SqliteLoaded));
+            }
+            rows.push(Row {
+                block: Block::Sqlite,
+                pattern: Pattern::Cycles,
+                connections,
+                sides,
+            });
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_full_plan_compares_every_store_at_every_connection_count() {
+        let all = rows(None);
+        assert_eq!(all.len(), 7);
+        for block in [Block::Postgres, Block::Sqlite] {
+            for c in CONNECTIONS {
+                assert!(all.iter().any(|r| r.block == block
+                    && r.connections == c
+                    && r.pattern == Pattern::Cycles));
+            }
+        }
+        assert_eq!(rows(Some(Block::Sqlite)).len(), 3);
+    }
+
+    #[test]
+    fn powers_of_ten_are_written_as_such() {
+        assert_eq!(count(1_000_000), "10^6");
+        assert_eq!(count(100_000), "10^5");
+        assert_eq!(count(1), "1");
+        assert_eq!(count(25_000), "25000");
+        assert_eq!(count(11), "11");
+    }
+}
