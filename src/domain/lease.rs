@@ -21,10 +21,14 @@ pub struct Lease {
 impl Lease {
     /// Time left on the store's clock, in milliseconds; never negative.
     pub fn expires_in_ms(&self) -> i64 {
-        (self.expires_at - self.observed_at)
-            .num_milliseconds()
-            .max(0)
+        time_left_ms(self.expires_at, self.observed_at)
     }
+}
+
+/// The milliseconds from `observed_at` (the store's clock) to `expires_at`; `0` once past it.
+/// Every lock object's `expires_in_ms`, whoever is shown it.
+pub(super) fn time_left_ms(expires_at: DateTime<Utc>, observed_at: DateTime<Utc>) -> i64 {
+    (expires_at - observed_at).num_milliseconds().max(0)
 }
 
 #[derive(Debug, Clone)]
