@@ -184,13 +184,6 @@ pub struct ListedLease {
     pub observed_at: DateTime<Utc>,
 }
 
-impl ListedLease {
-    /// As [`Lease::expires_in_ms`](super::Lease::expires_in_ms).
-    pub fn expires_in_ms(&self) -> i64 {
-        super::lease::time_left_ms(self.expires_at, self.observed_at)
-    }
-}
-
 /// One page of live leases and the `after` of the next page, `None` on the last.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct LeasePage {
@@ -216,6 +209,7 @@ impl LeasePage {
 mod tests {
     use super::*;
     use crate::domain::resource_name::{assert_refuses_chars, is_allowed};
+    use crate::domain::time_left_ms;
 
     fn prefix(raw: &str) -> ResourcePrefix {
         ResourcePrefix::parse(raw).unwrap()
@@ -361,6 +355,7 @@ mod tests {
         assert_eq!((last.leases.len(), last.next), (2, None));
         let empty = LeasePage::from_rows(Vec::new(), limit);
         assert_eq!((empty.leases.len(), empty.next), (0, None));
-        assert_eq!(full.leases[0].expires_in_ms(), 4_000);
+        let first = &full.leases[0];
+        assert_eq!(time_left_ms(first.expires_at, first.observed_at), 4_000);
     }
 }

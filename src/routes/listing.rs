@@ -6,7 +6,7 @@ use serde::Serialize;
 use super::auth::Caller;
 use super::locks::{lock_object, rfc3339_millis};
 use super::{AppState, openapi, parse};
-use crate::domain::{Fence, LeasePage, ListRequest, ListedLease};
+use crate::domain::{Fence, LeasePage, ListRequest, ListedLease, time_left_ms};
 use crate::http::ApiError;
 
 lock_object! {
@@ -33,7 +33,7 @@ impl<'a> From<&'a ListedLease> for ListedLock<'a> {
             fence: lease.fence,
             acquired_at: rfc3339_millis(lease.acquired_at),
             expires_at: rfc3339_millis(lease.expires_at),
-            expires_in_ms: lease.expires_in_ms(),
+            expires_in_ms: time_left_ms(lease.expires_at, lease.observed_at),
         }
     }
 }

@@ -12,7 +12,7 @@ use super::{AppState, openapi, parse};
 use crate::auth::Permission;
 use crate::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, FenceKey, Lease, ReleaseOutcome,
-    ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ttl,
+    ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ttl, time_left_ms,
 };
 use crate::http::ApiError;
 use crate::http::body::{JsonObject, Object};
@@ -86,7 +86,7 @@ impl<'a> LockView<'a> {
             fence_token: key.map(|key| key.sign(lease.resource.as_str(), lease.fence)),
             acquired_at: rfc3339_millis(lease.acquired_at),
             expires_at: rfc3339_millis(lease.expires_at),
-            expires_in_ms: lease.expires_in_ms(),
+            expires_in_ms: time_left_ms(lease.expires_at, lease.observed_at),
         }
     }
 }
