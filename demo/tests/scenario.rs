@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use common::demo_server;
@@ -20,6 +21,27 @@ fn story(args: &[&str]) -> Output {
         .env_remove("FENCELOCK_DEMO_TOKEN")
         .output()
         .expect("the demo binary runs")
+}
+
+/// Asserts that a story told with signed fences rejected A's late write as stale (its token
+/// was the lease server's, so never as forged) and kept B's.
+fn assert_signed_story_rejects_as_stale(stdout: &str) {
+    assert!(stdout.contains("fences:       signed"), "{stdout}");
+    assert!(stdout.contains("A's late write with fence"), "{stdout}");
+    assert!(stdout.contains("REJECTED (409 stale-fence"), "{stdout}");
+    assert!(!stdout.contains("invalid-fence-token"), "{stdout}");
+    assert!(
+        stdout.contains("OK: the late write from paused worker A"),
+        "{stdout}"
+    );
+}
+
+/// A fresh fence key file of 32 random bytes in `dir`.
+fn fence_key_file(dir: &tempfile::TempDir) -> PathBuf {
+    let path = dir.path().join("fence.key");
+    let key: Vec<u8> = (0..32).map(|_| rand::random::<u8>()).collect();
+    std::fs::write(&path, key).unwrap();
+    path
 }
 
 /// With the guard, the late write is rejected, B's report stands, and the exit code is 0.
@@ -41,26 +63,9 @@ fn guarded_story_rejects_the_late_write() {
 #[test]
 fn signed_story_rejects_the_late_write_as_stale() {
     let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("fence.key");
-    std::fs::write(
-        &key,
-        (0..32).map(|_| rand::random::<u8>()).collect::<Vec<_>>(),
-    )
-    .unwrap();
+    let key = fence_key_file(&dir);
     let output = story(&["--ttl-seconds", "1", "--fence-key", key.to_str().unwrap()]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(stdout.contains("fences:       signed"), "{stdout}");
-    assert!(stdout.contains("REJECTED (409 stale-fence"), "{stdout}");
-    assert!(!stdout.contains("invalid-fence-token"), "{stdout}");
-    assert!(
-        stdout.contains("OK: the late write from paused worker A"),
-        "{stdout}"
-    );
+    assert_signed_story_rejects_as_stale(&assert_succeeded(&output, "signed story"));
 
     // A key file too short stops the story before it starts, in one line.
     std::fs::write(&key, [1; 8]).unwrap();
@@ -81,28 +86,13 @@ fn signed_story_rejects_the_late_write_as_stale() {
 /// acquire, in one line that names the server's `401`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn story_passes_its_token_to_a_lease_server_with_an_auth_file() {
-    use fencelock::auth::{hex, sha256};
     use fencelock::domain::FenceKey;
-    use fencelock_testkit::{StoreKind, TestApp};
+    use fencelock_testkit::{StoreKind, TestApp, token_entry};
 
     const SECRET: &str = "story-secret-0123456789abcdef";
-    let auth = format!(
-        r#"
-[[tokens]]
-name = "story"
-sha256 = "{}"
-prefixes = ["report:"]
-permissions = ["lock", "read"]
-"#,
-        hex(&sha256(SECRET.as_bytes()))
-    );
+    let auth = token_entry("story", SECRET, &["report:"], &["lock", "read"]);
     let dir = tempfile::tempdir().unwrap();
-    let key_file = dir.path().join("fence.key");
-    std::fs::write(
-        &key_file,
-        (0..32).map(|_| rand::random::<u8>()).collect::<Vec<_>>(),
-    )
-    .unwrap();
+    let key_file = fence_key_file(&dir);
     let key = FenceKey::read(&key_file).unwrap();
     let (leases, _auth_dir) =
         TestApp::spawn_with_auth_and(StoreKind::Sqlite, &auth, move |settings| {
@@ -128,15 +118,7 @@ permissions = ["lock", "read"]
     };
 
     let output = run(Some(SECRET)).await.unwrap();
-    let stdout = assert_succeeded(&output, "story with a token");
-    assert!(stdout.contains("fences:       signed"), "{stdout}");
-    assert!(stdout.contains("A's late write with fence"), "{stdout}");
-    assert!(stdout.contains("REJECTED (409 stale-fence"), "{stdout}");
-    assert!(!stdout.contains("invalid-fence-token"), "{stdout}");
-    assert!(
-        stdout.contains("OK: the late write from paused worker A"),
-        "{stdout}"
-    );
+    assert_signed_story_rejects_as_stale(&assert_succeeded(&output, "story with a token"));
 
     let refused = run(None).await.unwrap();
     let stderr = String::from_utf8_lossy(&refused.stderr);

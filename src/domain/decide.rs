@@ -61,60 +61,52 @@ pub fn within_quota(others: u64, max_leases: Option<u32>) -> bool {
     max_leases.is_none_or(|max| others < u64::from(max))
 }
 
-/// Whether to extend the lease (keeping its fence), or why not.
-pub fn renew(
-    current: Option<&Current<'_>>,
-    owner: &Owner,
-    fence: Option<Fence>,
-    now: DateTime<Utc>,
-) -> Decision<RenewOutcome> {
-    let refusals = Refusals {
-        none: RenewOutcome::NotFound,
-        expired: RenewOutcome::Expired,
-        other_owner: RenewOutcome::OwnerMismatch,
-        stale: |current| RenewOutcome::StaleFence { current },
-    };
-    holder(current, owner, fence, now, refusals)
+/// Renew and release make the same checks, [`holder`]'s; each answers a refusal with its
+/// own outcome ([`HolderRefusal`]). Whether to extend the lease (keeping its fence), or why
+/// not: `renew(...)` deciding a [`RenewOutcome`].
+pub use holder as renew;
+/// Whether to delete the lease, or why not (an expired lease counts as none):
+/// `release(...)` deciding a [`ReleaseOutcome`].
+pub use holder as release;
+
+/// How an operation on the holder's lease answers each refusal of [`holder`].
+pub trait HolderRefusal: Sized {
+    /// No row for the resource.
+    const NONE: Self;
+    /// A row whose lease has expired: unless the operation says otherwise, no lease at all.
+    const EXPIRED: Self = Self::NONE;
+    /// A live lease of another owner.
+    const OTHER_OWNER: Self;
+    /// The owner's lease, but the fence given is not the lease's (the argument).
+    const STALE: fn(Fence) -> Self;
 }
 
-/// Whether to delete the lease, or why not. An expired lease counts as none.
-pub fn release(
-    current: Option<&Current<'_>>,
-    owner: &Owner,
-    fence: Option<Fence>,
-    now: DateTime<Utc>,
-) -> Decision<ReleaseOutcome> {
-    let refusals = Refusals {
-        none: ReleaseOutcome::NotFound,
-        expired: ReleaseOutcome::NotFound,
-        other_owner: ReleaseOutcome::NotOwner,
-        stale: |current| ReleaseOutcome::StaleFence { current },
-    };
-    holder(current, owner, fence, now, refusals)
+impl HolderRefusal for RenewOutcome {
+    const NONE: Self = Self::NotFound;
+    const EXPIRED: Self = Self::Expired;
+    const OTHER_OWNER: Self = Self::OwnerMismatch;
+    const STALE: fn(Fence) -> Self = |current| Self::StaleFence { current };
 }
 
-/// How an operation on the holder's lease answers each refusal.
-struct Refusals<R, S: FnOnce(Fence) -> R> {
-    none: R,
-    expired: R,
-    other_owner: R,
-    stale: S,
+impl HolderRefusal for ReleaseOutcome {
+    const NONE: Self = Self::NotFound;
+    const OTHER_OWNER: Self = Self::NotOwner;
+    const STALE: fn(Fence) -> Self = |current| Self::StaleFence { current };
 }
 
 /// The checks renew and release share, in the contract's order: a lease, live, of this
 /// owner, and (when given) of this fence.
-fn holder<R>(
+pub fn holder<R: HolderRefusal>(
     current: Option<&Current<'_>>,
     owner: &Owner,
     fence: Option<Fence>,
     now: DateTime<Utc>,
-    refusals: Refusals<R, impl FnOnce(Fence) -> R>,
 ) -> Decision<R> {
     match current {
-        None => Err(refusals.none),
-        Some(row) if !row.is_live(now) => Err(refusals.expired),
-        Some(row) if !row.is_held_by(owner) => Err(refusals.other_owner),
-        Some(row) if fence.is_some_and(|f| f != row.fence) => Err((refusals.stale)(row.fence)),
+        None => Err(R::NONE),
+        Some(row) if !row.is_live(now) => Err(R::EXPIRED),
+        Some(row) if !row.is_held_by(owner) => Err(R::OTHER_OWNER),
+        Some(row) if fence.is_some_and(|f| f != row.fence) => Err(R::STALE(row.fence)),
         Some(_) => Ok(()),
     }
 }

@@ -18,13 +18,11 @@ pub struct Lease {
     pub observed_at: DateTime<Utc>,
 }
 
-impl Lease {
-    /// Time left on the store's clock, in milliseconds; never negative.
-    pub fn expires_in_ms(&self) -> i64 {
-        (self.expires_at - self.observed_at)
-            .num_milliseconds()
-            .max(0)
-    }
+/// Time left on the store's clock: the milliseconds from `observed_at` (when the store read
+/// the lease) to `expires_at`; `0` once past it. Every lock object's `expires_in_ms`, whoever
+/// is shown it (a [`Lease`] to its holder, a [`ListedLease`](super::ListedLease) in a list).
+pub fn time_left_ms(expires_at: DateTime<Utc>, observed_at: DateTime<Utc>) -> i64 {
+    (expires_at - observed_at).num_milliseconds().max(0)
 }
 
 #[derive(Debug, Clone)]
@@ -118,4 +116,17 @@ pub enum ReleaseOutcome {
     NotOwner,
     /// The owner matches but the given fence is not the lease's.
     StaleFence { current: Fence },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_left_is_measured_on_the_store_clock_and_never_negative() {
+        let at = |ms| DateTime::from_timestamp_millis(ms).unwrap();
+        assert_eq!(time_left_ms(at(5_000), at(1_000)), 4_000);
+        assert_eq!(time_left_ms(at(5_000), at(5_000)), 0);
+        assert_eq!(time_left_ms(at(5_000), at(9_000)), 0);
+    }
 }

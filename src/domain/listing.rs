@@ -7,7 +7,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::resource_name::{MAX_RESOURCE_LEN, ResourceNameError, is_allowed};
+use super::resource_name::{ResourceNameError, check_chars_and_length};
 use super::{Fence, ResourceName};
 
 /// The start of resource names: 0–255 characters of the resource name set (`""` starts
@@ -28,13 +28,7 @@ const FIRST: char = '+';
 
 impl ResourcePrefix {
     pub fn parse(raw: &str) -> Result<Self, ResourceNameError> {
-        if let Some((position, ch)) = raw.chars().enumerate().find(|(_, c)| !is_allowed(*c)) {
-            return Err(ResourceNameError::InvalidChar { ch, position });
-        }
-        // Only ASCII is allowed, so bytes and characters agree here.
-        if raw.len() > MAX_RESOURCE_LEN {
-            return Err(ResourceNameError::TooLong(raw.len()));
-        }
+        check_chars_and_length(raw)?;
         Ok(Self(raw.to_owned()))
     }
 
@@ -190,15 +184,6 @@ pub struct ListedLease {
     pub observed_at: DateTime<Utc>,
 }
 
-impl ListedLease {
-    /// Time left on the store's clock, in milliseconds; never negative.
-    pub fn expires_in_ms(&self) -> i64 {
-        (self.expires_at - self.observed_at)
-            .num_milliseconds()
-            .max(0)
-    }
-}
-
 /// One page of live leases and the `after` of the next page, `None` on the last.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct LeasePage {
@@ -223,6 +208,8 @@ impl LeasePage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::resource_name::{assert_refuses_chars, is_allowed};
+    use crate::domain::time_left_ms;
 
     fn prefix(raw: &str) -> ResourcePrefix {
         ResourcePrefix::parse(raw).unwrap()
@@ -243,15 +230,7 @@ mod tests {
             ResourcePrefix::parse(&"a".repeat(256)),
             Err(ResourceNameError::TooLong(256))
         );
-        for bad in ["a/b", "a b", "é", "a%", "a\u{7f}"] {
-            assert!(
-                matches!(
-                    ResourcePrefix::parse(bad),
-                    Err(ResourceNameError::InvalidChar { .. })
-                ),
-                "{bad:?}"
-            );
-        }
+        assert_refuses_chars(ResourcePrefix::parse, &["a/b", "a b", "é", "a%", "a\u{7f}"]);
     }
 
     #[test]
@@ -376,6 +355,7 @@ mod tests {
         assert_eq!((last.leases.len(), last.next), (2, None));
         let empty = LeasePage::from_rows(Vec::new(), limit);
         assert_eq!((empty.leases.len(), empty.next), (0, None));
-        assert_eq!(full.leases[0].expires_in_ms(), 4_000);
+        let first = &full.leases[0];
+        assert_eq!(time_left_ms(first.expires_at, first.observed_at), 4_000);
     }
 }

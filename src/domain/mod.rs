@@ -17,7 +17,7 @@ pub use fence::{Fence, FenceError};
 pub use fence_token::{FenceKey, FenceKeyError, FenceKeys};
 pub use lease::{
     AcquireOutcome, AcquireRequest, Acquisition, Lease, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, TokenQuota,
+    RenewOutcome, RenewRequest, TokenQuota, time_left_ms,
 };
 pub use listing::{
     LeasePage, ListRequest, ListScope, ListedLease, NameRange, PageLimit, ResourcePrefix,

@@ -31,15 +31,9 @@ impl ResourceName {
         if raw.is_empty() {
             return Err(ResourceNameError::Empty);
         }
-        if let Some((position, ch)) = raw.chars().enumerate().find(|(_, c)| !is_allowed(*c)) {
-            return Err(ResourceNameError::InvalidChar { ch, position });
-        }
+        check_chars_and_length(raw)?;
         if let Some(dots) = [".", ".."].into_iter().find(|d| *d == raw) {
             return Err(ResourceNameError::DotSegment(dots));
-        }
-        // Only ASCII is allowed, so bytes and characters agree here.
-        if raw.len() > MAX_RESOURCE_LEN {
-            return Err(ResourceNameError::TooLong(raw.len()));
         }
         Ok(Self(raw.to_owned()))
     }
@@ -57,6 +51,34 @@ pub(super) fn is_allowed(c: char) -> bool {
 impl AsRef<str> for ResourceName {
     fn as_ref(&self) -> &str {
         &self.0
+    }
+}
+
+/// The rules a name shares with a prefix of names: only allowed characters (the first other
+/// one is named), at most [`MAX_RESOURCE_LEN`] of them.
+pub(super) fn check_chars_and_length(raw: &str) -> Result<(), ResourceNameError> {
+    if let Some((position, ch)) = raw.chars().enumerate().find(|(_, c)| !is_allowed(*c)) {
+        return Err(ResourceNameError::InvalidChar { ch, position });
+    }
+    // Only ASCII is allowed, so bytes and characters agree here.
+    if raw.len() > MAX_RESOURCE_LEN {
+        return Err(ResourceNameError::TooLong(raw.len()));
+    }
+    Ok(())
+}
+
+/// Asserts that `parse` refuses each of `bad` for a character outside the set.
+#[cfg(test)]
+pub(super) fn assert_refuses_chars<T: fmt::Debug>(
+    parse: impl Fn(&str) -> Result<T, ResourceNameError>,
+    bad: &[&str],
+) {
+    for bad in bad {
+        let parsed = parse(bad);
+        assert!(
+            matches!(parsed, Err(ResourceNameError::InvalidChar { .. })),
+            "{bad:?} should be refused, not {parsed:?}"
+        );
     }
 }
 
@@ -96,17 +118,12 @@ mod tests {
 
     #[test]
     fn rejects_everything_outside_the_set() {
-        for bad in [
-            "a/b", "a%2Fb", "a b", "a\"b", "a'b", "é", "a;b", "a\0b", "a\nb", "a?b", "a#b",
-        ] {
-            assert!(
-                matches!(
-                    ResourceName::parse(bad),
-                    Err(ResourceNameError::InvalidChar { .. })
-                ),
-                "{bad:?} should be rejected"
-            );
-        }
+        assert_refuses_chars(
+            ResourceName::parse,
+            &[
+                "a/b", "a%2Fb", "a b", "a\"b", "a'b", "é", "a;b", "a\0b", "a\nb", "a?b", "a#b",
+            ],
+        );
     }
 
     #[test]

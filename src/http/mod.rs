@@ -12,6 +12,7 @@
 //!   by route pattern, and [`metrics::expose`], the `GET /metrics` handler.
 //! - [`openapi`]: what every service's OpenAPI document shares: the problem schema, the
 //!   problem answers of an operation, `/metrics` and `/openapi.json`.
+//! - [`query`]: a query string's known parameters, each at most once, and plain decimals.
 //! - [`resource`], [`not_found`] and [`not_allowed`]: the answers for wrong methods and
 //!   unknown paths.
 
@@ -20,6 +21,7 @@ pub mod metrics;
 pub mod middleware;
 pub mod openapi;
 pub mod problem;
+pub mod query;
 
 use actix_web::{HttpRequest, HttpResponse};
 

@@ -1,48 +1,39 @@
 //! `GET /locks?prefix=P&limit=N&after=R`: the live leases, a page at a time, in name order.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use chrono::SecondsFormat;
 use serde::Serialize;
 
 use super::auth::Caller;
+use super::locks::{lock_object, rfc3339_millis};
 use super::{AppState, openapi, parse};
-use crate::domain::{Fence, LeasePage, ListRequest, ListedLease};
+use crate::domain::{Fence, LeasePage, ListRequest, ListedLease, time_left_ms};
 use crate::http::ApiError;
 
-/// A live lease in a list: its resource, fence and times, and nothing of its holder.
-///
-/// Neither the owner (the holder's secret) nor a `fence_token`: with `--fence-key`, a signed
-/// token is a right to write through the guard, and one list request would hand out that
-/// right for every lease under a prefix at once. Holders get theirs from acquire and renew.
-#[derive(Serialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ListedLock<'a> {
-    /// The locked resource.
-    resource: &'a str,
-    /// The lease's fencing token.
-    #[schema(value_type = i64, minimum = 1, maximum = 9_007_199_254_740_991_i64)]
-    fence: Fence,
-    /// RFC 3339 UTC, millisecond precision.
-    #[schema(format = DateTime)]
-    acquired_at: String,
-    /// RFC 3339 UTC, millisecond precision; the lease is expired when now >= `expires_at`.
-    #[schema(format = DateTime)]
-    expires_at: String,
-    /// Time left, measured by the store's clock when the answer was made.
-    #[schema(minimum = 0)]
-    expires_in_ms: i64,
+lock_object! {
+    /// A live lease in a list: its resource, fence and times, and nothing of its holder.
+    ///
+    /// Neither the owner (the holder's secret) nor a `fence_token`: with `--fence-key`, a signed
+    /// token is a right to write through the guard, and one list request would hand out that
+    /// right for every lease under a prefix at once. Holders get theirs from acquire and renew.
+    #[derive(Serialize, utoipa::ToSchema)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct ListedLock<'a> {
+        /// The locked resource.
+        resource: &'a str,
+        /// The lease's fencing token.
+        #[schema(value_type = i64, minimum = 1, maximum = 9_007_199_254_740_991_i64)]
+        fence: Fence,
+    }
 }
 
 impl<'a> From<&'a ListedLease> for ListedLock<'a> {
     fn from(lease: &'a ListedLease) -> Self {
-        let rfc3339 =
-            |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(SecondsFormat::Millis, true);
         Self {
             resource: lease.resource.as_str(),
             fence: lease.fence,
-            acquired_at: rfc3339(lease.acquired_at),
-            expires_at: rfc3339(lease.expires_at),
-            expires_in_ms: lease.expires_in_ms(),
+            acquired_at: rfc3339_millis(lease.acquired_at),
+            expires_at: rfc3339_millis(lease.expires_at),
+            expires_in_ms: time_left_ms(lease.expires_at, lease.observed_at),
         }
     }
 }

@@ -111,26 +111,16 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 /// instead of a bare `404`. Every lock route checks the bearer token first
 /// ([`auth::authenticate`]), before its `405`, its body and its path.
 fn lock_routes(cfg: &mut web::ServiceConfig) {
+    let guarded = |path: &str, allow| resource(path, allow).wrap(from_fn(auth::authenticate));
     cfg.service(
-        resource("/locks/{resource:[^/]*}", "GET, POST, DELETE")
+        guarded("/locks/{resource:[^/]*}", "GET, POST, DELETE")
             .route(web::post().to(locks::acquire))
             .route(web::get().to(locks::inspect))
-            .route(web::delete().to(locks::release))
-            .wrap(from_fn(auth::authenticate)),
+            .route(web::delete().to(locks::release)),
     )
     .service(
-        resource("/locks/{resource:[^/]*}/release", "POST")
-            .route(web::post().to(locks::release))
-            .wrap(from_fn(auth::authenticate)),
+        guarded("/locks/{resource:[^/]*}/release", "POST").route(web::post().to(locks::release)),
     )
-    .service(
-        resource("/locks/{resource:[^/]*}/renew", "POST")
-            .route(web::post().to(locks::renew))
-            .wrap(from_fn(auth::authenticate)),
-    )
-    .service(
-        resource("/locks", "GET")
-            .route(web::get().to(listing::list))
-            .wrap(from_fn(auth::authenticate)),
-    );
+    .service(guarded("/locks/{resource:[^/]*}/renew", "POST").route(web::post().to(locks::renew)))
+    .service(guarded("/locks", "GET").route(web::get().to(listing::list)));
 }

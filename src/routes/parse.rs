@@ -10,6 +10,7 @@ use crate::domain::{
 };
 use crate::http::body::{self, Object};
 use crate::http::problem::{ApiError, FieldError};
+use crate::http::query::{self, Params, decimal};
 
 /// `POST /locks/{resource}` `{"owner", "ttl_seconds"}`
 pub fn acquire(resource: &str, body: Object, max_ttl: Ttl) -> Result<AcquireRequest, ApiError> {
@@ -158,30 +159,16 @@ pub struct ListQuery {
 /// a typo such as `limt=5` must not pass as the default. Values are form-encoded: `+` stands
 /// for a space (refused), so a name holding `+` is sent with `%2B`.
 pub fn list(query: &str) -> Result<ListQuery, ApiError> {
-    let pairs = actix_web::web::Query::<Vec<(String, String)>>::from_query(query)
-        .map_err(|e| ApiError::validation("query", e))?
-        .into_inner();
-    let (mut prefix, mut limit, mut after) = (None, None, None);
-    let mut errors = Vec::new();
-    for (name, value) in pairs {
-        let slot = match name.as_str() {
-            "prefix" => &mut prefix,
-            "limit" => &mut limit,
-            "after" => &mut after,
-            _ => {
-                errors.push(FieldError::new(
-                    name,
-                    "is not a known parameter; the parameters are prefix, limit and after",
-                ));
-                continue;
-            }
-        };
-        if slot.is_some() {
-            errors.push(FieldError::new(name, "is given more than once"));
-        } else {
-            *slot = Some(value);
-        }
-    }
+    let Params {
+        values: [prefix, limit, after],
+        mut errors,
+    } = query::params(
+        query,
+        ["prefix", "limit", "after"],
+        "is not a known parameter; the parameters are prefix, limit and after",
+        "is given more than once",
+    )
+    .map_err(|e| ApiError::Validation(vec![e]))?;
     let mut checked = ListQuery {
         prefix: ResourcePrefix::everything(),
         after: None,
@@ -215,15 +202,6 @@ pub fn list(query: &str) -> Result<ListQuery, ApiError> {
         true => Ok(checked),
         false => Err(ApiError::Validation(errors)),
     }
-}
-
-/// A plain decimal integer: ASCII digits only (no sign, point or exponent); `None` when it is
-/// not one or does not fit.
-fn decimal(text: &str) -> Option<u64> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse().ok()
 }
 
 #[cfg(test)]
@@ -341,18 +319,8 @@ mod tests {
 
     #[test]
     fn bad_list_parameters_are_named() {
-        for bad in [
-            "0",
-            "1001",
-            "-1",
-            "+5",
-            "1.5",
-            "1e2",
-            "",
-            "abc",
-            "%205",
-            "99999999999999999999999",
-        ] {
+        // Out of range, or not a plain decimal (whose every form `http::query` tests).
+        for bad in ["0", "1001", "-1", "abc", "%205", "99999999999999999999999"] {
             assert_eq!(
                 list_fields(&format!("limit={bad}")),
                 ["limit"],

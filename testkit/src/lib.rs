@@ -10,13 +10,13 @@
 //! # Layout
 //! - `storage`: fresh storage per test. [`StoreKind`]; [`admin_url`] (from
 //!   `FENCELOCK_TEST_DATABASE_URL`, where an unreachable PostgreSQL fails the test, never
-//!   skips it), [`admin`], [`pg_connect`], [`postgres_addr`]; [`TestDb`], a PostgreSQL
+//!   skips it), [`admin`], [`pg_connect`], [`first_column`], [`postgres_addr`]; [`TestDb`], a PostgreSQL
 //!   database or a SQLite file dropped with the value, with the operator's tools the tests use
 //!   behind the store's back (age a lease, count rows, set the fence counter, run SQL); and
 //!   [`RowLock`].
 //! - `server`: [`TestApp`], a lease server on port 0 over a [`TestDb`], with request helpers;
-//!   [`client`], [`assert_problem`], [`assert_invalid`], [`invalid_fields`], [`fence`] and
-//!   [`TTL`].
+//!   [`client`], [`assert_problem`], [`assert_invalid`], [`invalid_fields`], [`fence`],
+//!   [`assert_public_lock`], [`sorted_keys`], [`token_entry`] (of an auth file) and [`TTL`].
 //! - [`contract!`]: runs rules written once, as `async fn rule(kind: StoreKind)`, against
 //!   both stores.
 //! - [`Proxy`]: a TCP proxy between a service and its upstream (PostgreSQL, a lease server)
@@ -48,9 +48,12 @@ pub use output::{assert_failed_in_one_line, assert_succeeded};
 pub use proxy::Proxy;
 pub use raw::{RawResponse, assert_raw_problem, parse_raw, raw_exchange};
 pub use server::{
-    TTL, TestApp, assert_invalid, assert_problem, client, fence, invalid_fields, under_v1,
+    TTL, TestApp, assert_invalid, assert_problem, assert_public_lock, client, fence,
+    invalid_fields, sorted_keys, token_entry, under_v1,
 };
-pub use storage::{RowLock, StoreKind, TestDb, admin, admin_url, pg_connect, postgres_addr};
+pub use storage::{
+    RowLock, StoreKind, TestDb, admin, admin_url, first_column, pg_connect, postgres_addr,
+};
 
 /// Instantiates rules of the lease server's contract: each `rule`, an
 /// `async fn rule(kind: StoreKind)` in the calling module, becomes the tests

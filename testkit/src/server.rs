@@ -281,6 +281,16 @@ fn block_on<F: Future>(future: F) -> F::Output {
         .block_on(future)
 }
 
+/// One `[[tokens]]` entry of an auth file (API.md, *Authentication and scopes*): the token
+/// `name`, the SHA-256 of `secret`, its `prefixes` and `permissions`. Further keys of the
+/// entry (`max_leases`) may follow it; entries are concatenated into a file.
+pub fn token_entry(name: &str, secret: &str, prefixes: &[&str], permissions: &[&str]) -> String {
+    format!(
+        "[[tokens]]\nname = {name:?}\nsha256 = \"{}\"\nprefixes = {prefixes:?}\npermissions = {permissions:?}\n",
+        fencelock::auth::hex(&fencelock::auth::sha256(secret.as_bytes()))
+    )
+}
+
 /// An HTTP client for test servers: no system proxy, and a timeout so that a hung server
 /// fails the test instead of stalling it.
 pub fn client() -> Client {
@@ -307,6 +317,41 @@ pub fn fence(lock: &Value) -> i64 {
     lock["fence"]
         .as_i64()
         .unwrap_or_else(|| panic!("no integer fence in {lock}"))
+}
+
+/// The keys of a JSON object, in byte order.
+pub fn sorted_keys(object: &Value) -> Vec<&str> {
+    let mut keys: Vec<&str> = object
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {object}"))
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    keys
+}
+
+/// Asserts that `shown` is the lease `lock` (as its holder got it) the way anyone else sees
+/// it, by inspect or in a list: exactly its resource, fence and times, no owner and no
+/// `fence_token`, and some of its [`TTL`] left.
+pub fn assert_public_lock(shown: &Value, lock: &Value) {
+    assert_eq!(
+        sorted_keys(shown),
+        [
+            "acquired_at",
+            "expires_at",
+            "expires_in_ms",
+            "fence",
+            "resource"
+        ],
+        "{shown}"
+    );
+    for field in ["resource", "acquired_at", "expires_at"] {
+        assert_eq!(shown[field], lock[field], "{field} of {shown}");
+    }
+    assert_eq!(fence(shown), fence(lock));
+    let left = shown["expires_in_ms"].as_i64().unwrap();
+    assert!(left > 0 && left <= TTL * 1000, "expires_in_ms = {left}");
 }
 
 /// Asserts an RFC 9457 problem with the given status and type; returns its body.

@@ -36,6 +36,24 @@ pub async fn pg_connect(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// The first column of every row `sql` returns on `session`, in order.
+pub async fn first_column<T>(
+    session: &tokio_postgres::Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Vec<T>
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    session
+        .query(sql, params)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
 /// A session on the admin database, as an operator would open one.
 pub async fn admin() -> tokio_postgres::Client {
     pg_connect(&admin_url()).await

@@ -5,11 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::auth::{Auth, hex, sha256};
+use fencelock::auth::Auth;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestApp, assert_failed_in_one_line, assert_problem, client};
+use crate::helpers::{
+    StoreKind, TTL, TestApp, assert_failed_in_one_line, assert_problem, client, token_entry,
+};
 use crate::process::{ServerProcess, command};
 
 const BILLING: &str = "billing-secret-0123456789";
@@ -18,24 +20,12 @@ const READER: &str = "reader-secret-0123456789";
 /// The acceptance scenario's file: a billing token (lock and read on `billing:`, at most two
 /// live leases) and a read-only token for everything.
 fn auth_file() -> String {
-    format!(
-        r#"
-[[tokens]]
-name = "billing-workers"
-sha256 = "{}"
-prefixes = ["billing:"]
-permissions = ["lock", "read"]
-max_leases = 2
-
-[[tokens]]
-name = "dashboards"
-sha256 = "{}"
-prefixes = [""]
-permissions = ["read"]
-"#,
-        hex(&sha256(BILLING.as_bytes())),
-        hex(&sha256(READER.as_bytes()))
-    )
+    [
+        token_entry("billing-workers", BILLING, &["billing:"], &["lock", "read"]),
+        "max_leases = 2\n".to_owned(),
+        token_entry("dashboards", READER, &[""], &["read"]),
+    ]
+    .concat()
 }
 
 async fn spawn(kind: StoreKind) -> (TestApp, tempfile::TempDir) {
@@ -330,11 +320,7 @@ async fn sighup_reloads_the_auth_file_and_a_bad_file_keeps_the_old_tokens() {
     const NEWCOMER: &str = "newcomer-secret-0123456789";
     assert_eq!(acquire_on(&server, NEWCOMER, "jobs:a").await.status(), 401);
 
-    let grown = format!(
-        "{}\n[[tokens]]\nname = \"jobs\"\nsha256 = \"{}\"\nprefixes = [\"jobs:\"]\npermissions = [\"lock\"]\n",
-        auth_file(),
-        hex(&sha256(NEWCOMER.as_bytes()))
-    );
+    let grown = auth_file() + &token_entry("jobs", NEWCOMER, &["jobs:"], &["lock"]);
     std::fs::write(&path, grown).unwrap();
     server.signal("-HUP");
     eventually("the new token is let in after SIGHUP", async || {

@@ -7,7 +7,7 @@
 use fencelock::store::StoreError;
 use fencelock::store::postgres::{PgConfig, classify};
 
-use crate::helpers::{ClusterOptions, ClusterTls, PrivateCluster, client};
+use crate::helpers::{ClusterOptions, ClusterTls, PrivateCluster, client, first_column};
 use crate::misconfig::misconfiguration_is_named;
 use crate::process::ServerProcess;
 use crate::tls::url_encode;
@@ -30,19 +30,13 @@ async fn serve_and_see_sessions(cluster: &PrivateCluster, name: &str, url: &str)
         response.text().await.unwrap_or_default(),
         server.log_text()
     );
-    let sessions: Vec<bool> = cluster
-        .admin()
-        .await
-        .query(
-            "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
-             WHERE a.application_name = 'fencelock' AND a.datname = $1",
-            &[&name],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let sessions: Vec<bool> = first_column(
+        &cluster.admin().await,
+        "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+         WHERE a.application_name = 'fencelock' AND a.datname = $1",
+        &[&name],
+    )
+    .await;
     assert!(
         !sessions.is_empty(),
         "{url}: no session of the server found"

@@ -5,13 +5,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use fencelock::auth::{hex, sha256};
 use fencelock::client::Client;
 use reqwest::Response;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    StoreKind, TTL, TestApp, TestDb, admin, assert_invalid, assert_problem, fence, pg_connect,
+    StoreKind, TTL, TestApp, TestDb, admin, assert_invalid, assert_problem, assert_public_lock,
+    fence, first_column, pg_connect, sorted_keys, token_entry,
 };
 
 /// `GET /locks` with `params` (form-encoded as any client would: `+` as `%2B`), with a
@@ -96,6 +96,26 @@ const MIXED: [&str; 16] = [
     "a", "B", "_", "~", ":",
 ];
 
+/// Names that start with one another, or almost: a prefix must list exactly the ones that
+/// start with it, whatever characters end the prefix.
+const NEIGHBOURS: [&str; 15] = [
+    "job",
+    "job:1",
+    "job:2",
+    "jobs",
+    "jo",
+    "job~",
+    "job~~",
+    "jop",
+    "billing:1",
+    "a~",
+    "a~~",
+    "a~b",
+    "b",
+    ".x",
+    "...",
+];
+
 /// Every live lease, in byte order of its name, with exactly its resource, fence and times.
 async fn live_leases_are_listed_in_name_order_without_owners(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
@@ -119,39 +139,9 @@ async fn live_leases_are_listed_in_name_order_without_owners(kind: StoreKind) {
     );
     assert_eq!(names, byte_order(&MIXED));
     assert_eq!(next, None);
-    let mut keys: Vec<&str> = body
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    keys.sort_unstable();
-    assert_eq!(keys, ["locks", "next"]);
+    assert_eq!(sorted_keys(&body), ["locks", "next"]);
     for listed in body["locks"].as_array().unwrap() {
-        let mut keys: Vec<&str> = listed
-            .as_object()
-            .unwrap()
-            .keys()
-            .map(String::as_str)
-            .collect();
-        keys.sort_unstable();
-        assert_eq!(
-            keys,
-            [
-                "acquired_at",
-                "expires_at",
-                "expires_in_ms",
-                "fence",
-                "resource"
-            ],
-            "{listed}"
-        );
-        let lock = &locks[listed["resource"].as_str().unwrap()];
-        assert_eq!(fence(listed), fence(lock));
-        assert_eq!(listed["acquired_at"], lock["acquired_at"]);
-        assert_eq!(listed["expires_at"], lock["expires_at"]);
-        let left = listed["expires_in_ms"].as_i64().unwrap();
-        assert!(left > 0 && left <= TTL * 1000, "expires_in_ms = {left}");
+        assert_public_lock(listed, &locks[listed["resource"].as_str().unwrap()]);
     }
 }
 
@@ -211,23 +201,7 @@ async fn pages_follow_next_to_the_last_page(kind: StoreKind) {
 /// A prefix lists exactly the names that start with it, whatever characters end it.
 async fn a_prefix_lists_the_names_that_start_with_it(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
-    let names = [
-        "job",
-        "job:1",
-        "job:2",
-        "jobs",
-        "jo",
-        "job~",
-        "job~~",
-        "jop",
-        "billing:1",
-        "a~",
-        "a~~",
-        "a~b",
-        "b",
-        ".x",
-        "...",
-    ];
+    let names = NEIGHBOURS;
     for name in names {
         app.acquire_ok(name, "a", TTL).await;
     }
@@ -283,25 +257,34 @@ async fn expired_and_released_leases_are_not_listed(kind: StoreKind) {
 async fn bad_parameters_are_named_in_a_422(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     let long = "a".repeat(256);
-    let cases: Vec<(String, Vec<&str>)> = vec![
-        ("limit=0".into(), vec!["limit"]),
-        ("limit=1001".into(), vec!["limit"]),
-        ("limit=-1".into(), vec!["limit"]),
-        ("limit=abc".into(), vec!["limit"]),
-        ("limit=1.5".into(), vec!["limit"]),
-        ("limit=1e2".into(), vec!["limit"]),
-        ("limit=".into(), vec!["limit"]),
-        ("limit=99999999999999999999999".into(), vec!["limit"]),
+    let bad_values: [(&str, &[&str]); 3] = [
+        (
+            "limit",
+            &[
+                "0",
+                "1001",
+                "-1",
+                "abc",
+                "1.5",
+                "1e2",
+                "",
+                "99999999999999999999999",
+            ],
+        ),
+        ("after", &["", "..", "a%2Fb", "a+b", &long]),
+        ("prefix", &["a%20b", "a%2Fb", "%C3%A9", &long]),
+    ];
+    let mut cases: Vec<(String, Vec<&str>)> = bad_values
+        .into_iter()
+        .flat_map(|(field, values)| {
+            values
+                .iter()
+                .map(move |v| (format!("{field}={v}"), vec![field]))
+        })
+        .collect();
+    cases.extend([
+        // Given twice, or not a parameter of the list.
         ("limit=5&limit=5".into(), vec!["limit"]),
-        ("after=".into(), vec!["after"]),
-        ("after=..".into(), vec!["after"]),
-        ("after=a%2Fb".into(), vec!["after"]),
-        ("after=a+b".into(), vec!["after"]),
-        (format!("after={long}"), vec!["after"]),
-        ("prefix=a%20b".into(), vec!["prefix"]),
-        ("prefix=a%2Fb".into(), vec!["prefix"]),
-        ("prefix=%C3%A9".into(), vec!["prefix"]),
-        (format!("prefix={long}"), vec!["prefix"]),
         ("prefix=a&prefix=b".into(), vec!["prefix"]),
         ("limt=5".into(), vec!["limt"]),
         ("owner=x".into(), vec!["owner"]),
@@ -309,7 +292,7 @@ async fn bad_parameters_are_named_in_a_422(kind: StoreKind) {
             "prefix=%20&limit=0&after=.&fence=1".into(),
             vec!["prefix", "limit", "after", "fence"],
         ),
-    ];
+    ]);
     for (query, fields) in cases {
         assert_invalid(app.get(&format!("/locks?{query}")).await, &fields, &query).await;
     }
@@ -423,22 +406,11 @@ const SPLIT: &str = "split-secret-0123456789";
 /// A `lock`-only token for everything, the acceptance scenario's billing token (lock and read
 /// on `billing:`) and read-only token, and a read token on two separate prefixes.
 fn auth_file() -> String {
-    let token = |name: &str, secret: &str, prefixes: &str, permissions: &str| {
-        format!(
-            "[[tokens]]\nname = \"{name}\"\nsha256 = \"{}\"\nprefixes = {prefixes}\npermissions = {permissions}\n\n",
-            hex(&sha256(secret.as_bytes()))
-        )
-    };
     [
-        token("writer", WRITER, r#"[""]"#, r#"["lock"]"#),
-        token(
-            "billing-workers",
-            BILLING,
-            r#"["billing:"]"#,
-            r#"["lock", "read"]"#,
-        ),
-        token("dashboards", READER, r#"[""]"#, r#"["read"]"#),
-        token("split", SPLIT, r#"["c:", "a:"]"#, r#"["read"]"#),
+        token_entry("writer", WRITER, &[""], &["lock"]),
+        token_entry("billing-workers", BILLING, &["billing:"], &["lock", "read"]),
+        token_entry("dashboards", READER, &[""], &["read"]),
+        token_entry("split", SPLIT, &["c:", "a:"], &["read"]),
     ]
     .concat()
 }
@@ -601,16 +573,12 @@ async fn postgres_lists_in_byte_order_under_any_database_collation() {
     }
 
     let session = pg_connect(&db.url()).await;
-    let locale_order: Vec<String> = session
-        .query(
-            "SELECT r FROM unnest(ARRAY['a', 'B', '_', '0']) AS r ORDER BY r",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let locale_order: Vec<String> = first_column(
+        &session,
+        "SELECT r FROM unnest(ARRAY['a', 'B', '_', '0']) AS r ORDER BY r",
+        &[],
+    )
+    .await;
     assert_eq!(
         locale_order,
         ["_", "0", "a", "B"],
@@ -641,18 +609,14 @@ async fn postgres_lists_in_byte_order_under_any_database_collation() {
         )
         .await
         .unwrap();
-    let plan: Vec<String> = session
-        .query(
-            r#"EXPLAIN SELECT resource FROM leases
-               WHERE resource >= 'job' COLLATE "C" AND resource < ('job' || chr(127)) COLLATE "C"
-               ORDER BY resource COLLATE "C" LIMIT 10"#,
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let plan: Vec<String> = first_column(
+        &session,
+        r#"EXPLAIN SELECT resource FROM leases
+           WHERE resource >= 'job' COLLATE "C" AND resource < ('job' || chr(127)) COLLATE "C"
+           ORDER BY resource COLLATE "C" LIMIT 10"#,
+        &[],
+    )
+    .await;
     let plan = plan.join("\n");
     assert!(
         plan.contains("Index Cond") && plan.contains("leases_pkey") && !plan.contains("Sort"),
