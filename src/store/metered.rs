@@ -114,6 +114,10 @@ timed_operations! {
     count_live() -> u64 = COUNT;
     ping() -> () = PING;
     @rest
+    fn register_metrics(&self, registry: &Registry) {
+        self.inner.register_metrics(registry);
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }
