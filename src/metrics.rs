@@ -78,6 +78,11 @@ pub const STORE_BATCH_SIZE: Family = Family {
     help: "Lock requests PostgreSQL decided together in one statement and one commit, per batch.",
     labels: &[],
 };
+pub const STORE_BATCHES_REFUSED: Family = Family {
+    name: "fencelock_store_batches_refused_total",
+    help: "PostgreSQL batches the database refused as a whole (nothing committed); their requests were decided one by one.",
+    labels: &[],
+};
 pub const HTTP_REQUESTS: Family = Family {
     name: "fencelock_http_requests_total",
     help: "HTTP requests answered, by route pattern, method and status.",
@@ -253,6 +258,12 @@ pub fn plain_histogram(registry: &Registry, family: &Family, buckets: &[f64]) ->
 pub fn detached_histogram(family: &Family, buckets: &[f64]) -> Histogram {
     Histogram::with_opts(family.histogram_opts(buckets))
         .unwrap_or_else(|e| panic!("building {}: {e}", family.name))
+}
+
+/// Builds `family` as a counter without labels that is in no registry yet (see
+/// [`detached_histogram`]).
+pub fn detached_counter(family: &Family) -> IntCounter {
+    IntCounter::with_opts(family.opts()).unwrap_or_else(|e| panic!("building {}: {e}", family.name))
 }
 
 /// Adds `collector`, built for `family`, to `registry`.

@@ -169,7 +169,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), StoreError>;
 
     /// Adds the store's own metric families, if it has any, to an app's registry (see
-    /// [`crate::metrics`]): the PostgreSQL store's batch sizes.
+    /// [`crate::metrics`]): the PostgreSQL store's batches.
     fn register_metrics(&self, _registry: &crate::metrics::Registry) {}
 
     /// What the store is and where, for logs; never contains a password.

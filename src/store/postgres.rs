@@ -15,7 +15,6 @@ use anyhow::Context as _;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
-use prometheus::Histogram;
 use tokio::sync::OnceCell;
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
@@ -26,13 +25,13 @@ use crate::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, Lease, Owner, ReleaseOutcome,
     ReleaseRequest, RenewOutcome, RenewRequest, ResourceName,
 };
-use crate::metrics::{self, Registry};
+use crate::metrics::Registry;
 
 mod batch;
 mod clock;
 pub mod tls;
 
-use batch::Batcher;
+use batch::{BatchMetrics, Batcher};
 use clock::DbClock;
 use tls::PgTls;
 
@@ -207,8 +206,8 @@ pub struct PgStore {
     /// Decides concurrent acquisitions, renewals and releases together (see [`batch`]);
     /// `None` when batches are limited to one request: each is then a statement of its own.
     batcher: Option<Batcher>,
-    /// `fencelock_store_batch_size`; shown (empty) also without batches.
-    batch_sizes: Histogram,
+    /// Shown (at zero) also without batches.
+    batch_metrics: BatchMetrics,
 }
 
 /// The pool and what every statement needs: shared by the store's requests and its
@@ -240,14 +239,13 @@ impl PgStore {
             clock: DbClock::new(),
             statement_timeout,
         });
-        let batch_sizes =
-            metrics::detached_histogram(&metrics::STORE_BATCH_SIZE, metrics::BATCH_SIZE_BUCKETS);
+        let batch_metrics = BatchMetrics::new();
         let batcher = (batch_max > 1)
-            .then(|| Batcher::start(db.clone(), pool_size, batch_max, batch_sizes.clone()));
+            .then(|| Batcher::start(db.clone(), pool_size, batch_max, batch_metrics.clone()));
         Ok(Self {
             db,
             batcher,
-            batch_sizes,
+            batch_metrics,
         })
     }
 
@@ -695,7 +693,7 @@ impl LeaseStore for PgStore {
     }
 
     fn register_metrics(&self, registry: &Registry) {
-        metrics::add(registry, &metrics::STORE_BATCH_SIZE, &self.batch_sizes);
+        self.batch_metrics.register(registry);
     }
 
     fn describe(&self) -> String {

@@ -118,8 +118,18 @@ async fn each_answer_is_counted_once_under_its_outcome(kind: StoreKind) {
         StoreKind::Postgres => {
             assert_eq!(batches("count"), Some(4.0));
             assert_eq!(batches("sum"), Some(4.0));
+            assert_eq!(
+                metrics.get("fencelock_store_batches_refused_total", &[]),
+                Some(0.0)
+            );
         }
-        StoreKind::Sqlite => assert_eq!(batches("count"), None),
+        StoreKind::Sqlite => {
+            assert_eq!(batches("count"), None);
+            assert_eq!(
+                metrics.get("fencelock_store_batches_refused_total", &[]),
+                None
+            );
+        }
     }
 
     let lock_route = route(&app, "/locks/{resource}");

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures_util::FutureExt as _;
-use prometheus::Histogram;
+use prometheus::{Histogram, IntCounter};
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::Row;
 use tokio_postgres::error::Severity;
@@ -45,6 +45,7 @@ use crate::domain::{
     AcquireOutcome, AcquireRequest, Fence, Lease, Owner, ReleaseOutcome, ReleaseRequest,
     RenewOutcome, RenewRequest, ResourceName,
 };
+use crate::metrics::{self, Registry};
 use crate::store::{Deadline, StoreError};
 
 /// Committers per store (fewer with a smaller pool). Two keep one batch being collected and
@@ -66,6 +67,33 @@ const APPLY: &str = "
 SELECT ord, outcome, fence, acquired_at, expires_at, observed_at
 FROM fencelock_apply($1, $2, $3, $4, $5, $6, $7, $8)";
 
+/// What the committers count, for every app that shows the store's metrics.
+#[derive(Clone)]
+pub(super) struct BatchMetrics {
+    /// `fencelock_store_batch_size`: requests per statement sent.
+    sizes: Histogram,
+    /// `fencelock_store_batches_refused_total`: batches decided again request by request.
+    refused: IntCounter,
+}
+
+impl BatchMetrics {
+    pub(super) fn new() -> Self {
+        Self {
+            sizes: metrics::detached_histogram(
+                &metrics::STORE_BATCH_SIZE,
+                metrics::BATCH_SIZE_BUCKETS,
+            ),
+            refused: metrics::detached_counter(&metrics::STORE_BATCHES_REFUSED),
+        }
+    }
+
+    /// Adds both families to an app's registry.
+    pub(super) fn register(&self, registry: &Registry) {
+        metrics::add(registry, &metrics::STORE_BATCH_SIZE, &self.sizes);
+        metrics::add(registry, &metrics::STORE_BATCHES_REFUSED, &self.refused);
+    }
+}
+
 /// The queue of the store's lock requests; dropping it lets the committers finish the
 /// requests already queued, then stop.
 pub(super) struct Batcher {
@@ -74,14 +102,19 @@ pub(super) struct Batcher {
 
 impl Batcher {
     /// Starts the committers (on the runtime the pool's connections live on) for batches of at
-    /// most `batch_max` requests, each observed in `sizes`.
-    pub(super) fn start(db: Arc<Db>, pool_size: usize, batch_max: usize, sizes: Histogram) -> Self {
+    /// most `batch_max` requests, counted in `metrics`.
+    pub(super) fn start(
+        db: Arc<Db>,
+        pool_size: usize,
+        batch_max: usize,
+        metrics: BatchMetrics,
+    ) -> Self {
         let (queue, jobs) = mpsc::unbounded_channel();
         let committers = Arc::new(Committers {
             db,
             jobs: Mutex::new(jobs),
             batch_max,
-            sizes,
+            metrics,
         });
         for _ in 0..pool_size.clamp(1, COMMITTERS) {
             DRIVERS.spawn(committers.clone().serve());
@@ -237,7 +270,7 @@ struct Committers {
     db: Arc<Db>,
     jobs: Mutex<mpsc::UnboundedReceiver<Job>>,
     batch_max: usize,
-    sizes: Histogram,
+    metrics: BatchMetrics,
 }
 
 /// Why a batch got no answers.
@@ -313,7 +346,7 @@ impl Committers {
         if batch.is_empty() {
             return;
         }
-        self.sizes.observe(batch.len() as f64);
+        self.metrics.sizes.observe(batch.len() as f64);
         let span = tracing::debug_span!("pg_batch", size = batch.len());
         match self.apply(&batch).instrument(span).await {
             Ok(rows) => {
@@ -322,6 +355,7 @@ impl Committers {
                 }
             }
             Err(Failure::Undone(e)) => {
+                self.metrics.refused.inc();
                 tracing::warn!(
                     error = %format!("{:#}", anyhow::Error::new(e)),
                     size = batch.len(),
