@@ -7,10 +7,11 @@
 -- (`fencelock_acquire` of V2/V3 without a quota, and the store's renew and release
 -- statements), against the state left by the elements decided before it.
 --
--- Order. Elements are decided in ascending byte order of their resource (then in array
--- order, so requests for one resource are decided in the order they were queued). Every
--- lease row this function locks, and every insertion it waits for, is therefore taken in one
--- global order, and two batches running at once can never wait on each other in a cycle.
+-- Order. The caller gives the elements in ascending byte order of their resource (requests
+-- for one resource in the order they were queued), and they are decided in that order; an
+-- element out of order is an error. Every lease row this function locks, and every
+-- insertion it waits for, is therefore taken in one global order, and two batches running
+-- at once can never wait on each other in a cycle.
 -- The single-statement forms lock at most one lease row (an acquisition with a quota takes
 -- its token's advisory lock first, which no batch takes), and the purge skips locked rows,
 -- so nothing else can close a cycle either.
@@ -62,11 +63,12 @@ DECLARE
     granted bigint;
 BEGIN
     PERFORM set_config('lock_timeout', p_lock_wait_ms::text, true);
-    FOR i IN
-        SELECT u.n FROM unnest(p_resources) WITH ORDINALITY AS u(resource, n)
-        ORDER BY u.resource COLLATE "C", u.n
-    LOOP
+    FOR i IN 1 .. cardinality(p_resources) LOOP
         v_resource := p_resources[i];
+        IF i > 1 AND v_resource COLLATE "C" < p_resources[i - 1] THEN
+            RAISE EXCEPTION 'fencelock_apply: resource % comes after %, out of order',
+                v_resource, p_resources[i - 1];
+        END IF;
         v_owner := p_owners[i];
         v_fence := p_fences[i];
         ends := stamp + p_ttl_seconds[i] * interval '1 second';

@@ -153,7 +153,7 @@ async fn contention_on_one_resource_never_gives_two_holders(kind: StoreKind) {
     for task in tasks {
         task.await.unwrap();
     }
-    let grants = grants.lock().unwrap();
+    let grants = grants.lock().unwrap().clone();
     assert!(!grants.is_empty(), "nobody was ever granted the resource");
     assert_eq!(
         grants.iter().collect::<HashSet<_>>().len(),

@@ -11,11 +11,12 @@
 //!
 //! What holds:
 //! - Each request is decided by the rules of its single statement, against the state left by
-//!   the requests before it in the batch; requests for one resource in one batch are decided
-//!   in queue order. Batches running at the same time meet only on lease row locks, which
-//!   each takes in resource order, so they never deadlock (see the migration). Which of two
-//!   such batches decides a resource first is up to the row lock, as it is for two single
-//!   statements: both requests were in flight together.
+//!   the requests before it in the batch. A batch is sent sorted by resource; requests for
+//!   one resource in one batch are decided in queue order. Batches running at the same time
+//!   meet only on lease row locks, which each takes in resource order, so they never
+//!   deadlock (see the migration). Which of two such batches decides a resource first is up
+//!   to the row lock, as it is for two single statements: both requests were in flight
+//!   together.
 //! - A request is answered only once its batch has committed. A request whose deadline has
 //!   passed before its batch is sent, or before its row is written, is answered "too late"
 //!   (`503`) and nothing of it is written; the others in the batch go on.
@@ -331,7 +332,7 @@ impl Committers {
     }
 
     async fn commit(&self, batch: Vec<Job>) {
-        let batch: Vec<Job> = batch
+        let mut batch: Vec<Job> = batch
             .into_iter()
             .filter(|job| !job.abandoned())
             .filter_map(|job| {
@@ -346,6 +347,10 @@ impl Committers {
         if batch.is_empty() {
             return;
         }
+        // The order `fencelock_apply` takes its rows in, the same in every batch (byte order;
+        // resource names are ASCII, so the database's "C" order agrees). Stable: requests
+        // for one resource stay in queue order.
+        batch.sort_by(|a, b| a.resource().cmp(b.resource()));
         self.metrics.sizes.observe(batch.len() as f64);
         let span = tracing::debug_span!("pg_batch", size = batch.len());
         match self.apply(&batch).instrument(span).await {
@@ -361,7 +366,10 @@ impl Committers {
                     size = batch.len(),
                     "PostgreSQL refused a batch of lock requests; deciding each alone"
                 );
-                decide_each_alone(&self.db, batch).await;
+                // Beside the committer, which goes on with the next batch: a request that
+                // waits for a row held from outside holds up nothing else.
+                let db = self.db.clone();
+                tokio::spawn(async move { decide_each_alone(&db, batch).await });
             }
             Err(Failure::Unanswered(e)) => {
                 for job in batch {
@@ -439,12 +447,11 @@ impl Committers {
     }
 }
 
-/// Decides each request of a batch that the database refused by its single statement:
-/// requests for one resource one after the other, in queue order; different resources at
-/// the same time, so that one request waiting for its row holds up no other.
-async fn decide_each_alone(db: &Db, mut batch: Vec<Job>) {
-    // Stable: queue order stays within a resource.
-    batch.sort_by(|a, b| a.resource().cmp(b.resource()));
+/// Decides each request of a batch (in resource order) that the database refused by its
+/// single statement: requests for one resource one after the other, in queue order;
+/// different resources at the same time, so that one request waiting for its row holds up
+/// no other.
+async fn decide_each_alone(db: &Db, batch: Vec<Job>) {
     let mut groups: Vec<Vec<Job>> = Vec::new();
     for job in batch {
         match groups.last_mut() {
