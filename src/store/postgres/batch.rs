@@ -1,5 +1,5 @@
 //! Group commit: acquisitions, renewals and releases that arrive together are decided by one
-//! statement (`fencelock_apply`, migration V4), in one transaction, with one commit and one
+//! statement (`fencelock_apply`, migration V5), in one transaction, with one commit and one
 //! round trip for all of them.
 //!
 //! Requests are queued; a few committers take turns at the queue. A committer takes the first
