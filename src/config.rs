@@ -6,6 +6,7 @@
 //! | `--database-url` | `DATABASE_URL` | unset: SQLite file `fencelock.db` |
 //! | `--max-ttl-seconds` | `FENCELOCK_MAX_TTL_SECONDS` | `86400` |
 //! | `--pool-size` | `FENCELOCK_POOL_SIZE` | `16` |
+//! | `--pg-batch-max` | `FENCELOCK_PG_BATCH_MAX` | `64` |
 //! | `--log-format` | `FENCELOCK_LOG_FORMAT` | `text` |
 //! | `--purge-grace-seconds` | `FENCELOCK_PURGE_GRACE_SECONDS` | `3600` |
 //! | `--purge-interval-seconds` | `FENCELOCK_PURGE_INTERVAL_SECONDS` | `60` |
@@ -51,7 +52,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::auth::Auth;
 use crate::domain::ttl::{DEFAULT_MAX_TTL_SECONDS, TTL_CEILING_SECONDS};
 use crate::domain::{FenceKey, Ttl};
-pub use crate::store::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
+pub use crate::store::{DEFAULT_PG_BATCH_MAX, DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
 use crate::store::{StoreConfig, StoreOptions};
 
 pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
@@ -138,6 +139,17 @@ pub struct ServerArgs {
         global = true
     )]
     pub pool_size: u16,
+
+    /// Most lock requests PostgreSQL decides together in one statement and one commit (group
+    /// commit); 1 decides each request alone.
+    #[arg(
+        long,
+        env = "FENCELOCK_PG_BATCH_MAX",
+        default_value_t = DEFAULT_PG_BATCH_MAX,
+        value_parser = clap::value_parser!(u16).range(1..=1024),
+        global = true
+    )]
+    pub pg_batch_max: u16,
 
     /// Log line format.
     #[arg(long, env = "FENCELOCK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -260,6 +272,8 @@ pub struct Settings {
     pub store: StoreConfig,
     pub max_ttl: Ttl,
     pub pool_size: usize,
+    /// Most requests in one PostgreSQL batch (group commit); 1: none are batched.
+    pub pg_batch_max: usize,
     pub log_format: LogFormat,
     pub purge_grace: Duration,
     pub purge_interval: Duration,
@@ -285,6 +299,7 @@ impl Settings {
         StoreOptions {
             pool_size: self.pool_size,
             timeout: self.store_timeout,
+            batch_max: self.pg_batch_max,
         }
     }
 
@@ -295,6 +310,7 @@ impl Settings {
             max_ttl: Ttl::max(args.max_ttl_seconds)
                 .ok_or_else(|| anyhow::anyhow!("--max-ttl-seconds is out of range"))?,
             pool_size: usize::from(args.pool_size),
+            pg_batch_max: usize::from(args.pg_batch_max),
             log_format: args.log_format,
             purge_grace: Duration::from_secs(args.purge_grace_seconds),
             purge_interval: Duration::from_secs(args.purge_interval_seconds),
@@ -331,6 +347,7 @@ impl Settings {
             store,
             max_ttl: Ttl::max(DEFAULT_MAX_TTL_SECONDS).expect("the default is in range"),
             pool_size: usize::from(DEFAULT_POOL_SIZE),
+            pg_batch_max: usize::from(DEFAULT_PG_BATCH_MAX),
             log_format: LogFormat::Text,
             purge_grace: Duration::from_secs(DEFAULT_PURGE_GRACE_SECONDS),
             purge_interval: Duration::from_secs(DEFAULT_PURGE_INTERVAL_SECONDS),

@@ -66,6 +66,10 @@ families! {
         "Time taken by store operations, by operation.";
     STORE_ERRORS: "fencelock_store_errors_total" ["kind"],
         "Store operations that got no answer, by kind.";
+    STORE_BATCH_SIZE: "fencelock_store_batch_size" [],
+        "Lock requests PostgreSQL decided together in one statement and one commit, per batch.";
+    STORE_BATCHES_REFUSED: "fencelock_store_batches_refused_total" [],
+        "PostgreSQL batches the database refused as a whole (nothing committed); their requests were decided one by one.";
     HTTP_REQUESTS: "fencelock_http_requests_total" ["route", "method", "status"],
         "HTTP requests answered, by route pattern, method and status.";
     HTTP_SECONDS: "fencelock_http_request_seconds" ["route", "method"],
@@ -188,6 +192,12 @@ pub const HELD_BUCKETS: &[f64] = &[
     0.1, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0,
 ];
 
+/// Buckets of [`STORE_BATCH_SIZE`], in requests: powers of two up to the largest batch
+/// `--pg-batch-max` allows.
+pub const BATCH_SIZE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
+
 /// Registers `family` as a counter in `registry`.
 ///
 /// # Panics
@@ -232,6 +242,32 @@ pub fn plain_histogram(registry: &Registry, family: &Family, buckets: &[f64]) ->
         family,
         Histogram::with_opts(family.histogram_opts(buckets)),
     )
+}
+
+/// Builds `family` as a histogram without labels that is in no registry yet: for a collector
+/// that outlives one app (a store that several apps may share), added to each app's
+/// registry with [`add`].
+pub fn detached_histogram(family: &Family, buckets: &[f64]) -> Histogram {
+    Histogram::with_opts(family.histogram_opts(buckets))
+        .unwrap_or_else(|e| panic!("building {}: {e}", family.name))
+}
+
+/// Builds `family` as a counter without labels that is in no registry yet (see
+/// [`detached_histogram`]).
+pub fn detached_counter(family: &Family) -> IntCounter {
+    IntCounter::with_opts(family.opts()).unwrap_or_else(|e| panic!("building {}: {e}", family.name))
+}
+
+/// Adds `collector`, built for `family`, to `registry`.
+///
+/// # Panics
+/// As [`counter`], when `family` is registered in `registry` already.
+pub fn add<C: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    family: &Family,
+    collector: &C,
+) {
+    register(registry, family, Ok(collector.clone()));
 }
 
 /// Registers the collector built for `family`; a family that cannot be built (a bad name

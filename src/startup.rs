@@ -121,6 +121,7 @@ impl Application {
             &[env!("CARGO_PKG_VERSION"), store_kind],
         );
         let store_metrics = StoreMetrics::register(&registry);
+        store.register_metrics(&registry);
         let store = Metered::wrap(store, store_metrics.clone());
         let live_leases = metrics::gauge(&registry, &metrics::LIVE_LEASES);
         let lease_metrics = LeaseMetrics::register(&registry, store_metrics);

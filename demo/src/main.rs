@@ -122,6 +122,7 @@ fn main() -> ExitCode {
                 let settings = StoreOptions {
                     pool_size: usize::from(pool_size),
                     timeout: Duration::from_millis(store_timeout_ms),
+                    ..StoreOptions::default()
                 };
                 let keys = match read_keys(&fence_keys) {
                     Ok(keys) => keys,

@@ -11,6 +11,7 @@ use super::postgres::PgConfig;
 pub const DEFAULT_SQLITE_FILE: &str = "fencelock.db";
 pub const DEFAULT_POOL_SIZE: u16 = 16;
 pub const DEFAULT_STORE_TIMEOUT_MS: u64 = 5000;
+pub const DEFAULT_PG_BATCH_MAX: u16 = 64;
 
 /// Which store to open.
 #[derive(Clone)]
@@ -58,6 +59,9 @@ pub struct StoreOptions {
     pub pool_size: usize,
     /// Longest a request waits for the store; also PostgreSQL's `statement_timeout`.
     pub timeout: Duration,
+    /// Most requests PostgreSQL decides in one statement and commit (group commit); 1: each
+    /// request alone.
+    pub batch_max: usize,
 }
 
 impl Default for StoreOptions {
@@ -65,6 +69,7 @@ impl Default for StoreOptions {
         Self {
             pool_size: usize::from(DEFAULT_POOL_SIZE),
             timeout: Duration::from_millis(DEFAULT_STORE_TIMEOUT_MS),
+            batch_max: usize::from(DEFAULT_PG_BATCH_MAX),
         }
     }
 }

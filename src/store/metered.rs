@@ -115,6 +115,10 @@ timed_operations! {
     list(req: &ListRequest) -> LeasePage = LIST;
     ping() -> () = PING;
     @rest
+    fn register_metrics(&self, registry: &Registry) {
+        self.inner.register_metrics(registry);
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }

@@ -27,7 +27,8 @@ use crate::domain::{
     RenewOutcome, RenewRequest, ResourceName,
 };
 pub use config::{
-    DEFAULT_POOL_SIZE, DEFAULT_SQLITE_FILE, DEFAULT_STORE_TIMEOUT_MS, StoreConfig, StoreOptions,
+    DEFAULT_PG_BATCH_MAX, DEFAULT_POOL_SIZE, DEFAULT_SQLITE_FILE, DEFAULT_STORE_TIMEOUT_MS,
+    StoreConfig, StoreOptions,
 };
 
 /// The store could not answer. Never used for an answer such as "held by another owner".
@@ -172,6 +173,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// but not written is not ready to hand out leases.
     async fn ping(&self) -> Result<(), StoreError>;
 
+    /// Adds the store's own metric families, if it has any, to an app's registry (see
+    /// [`crate::metrics`]): the PostgreSQL store's batches.
+    fn register_metrics(&self, _registry: &crate::metrics::Registry) {}
+
     /// What the store is and where, for logs; never contains a password.
     fn describe(&self) -> String;
 }
@@ -201,7 +206,7 @@ const LASTING_REPORT_EVERY: Duration = Duration::from_secs(30);
 pub async fn check(config: &StoreConfig, options: StoreOptions) -> anyhow::Result<String> {
     match config {
         StoreConfig::Postgres(pg) => {
-            let store = postgres::PgStore::connect((**pg).clone(), 1, options.timeout)?;
+            let store = postgres::PgStore::connect((**pg).clone(), 1, options.timeout, 1)?;
             tokio::time::timeout(options.timeout.max(Duration::from_secs(5)), store.check())
                 .await
                 .map_err(|_| {
@@ -223,8 +228,12 @@ pub async fn check(config: &StoreConfig, options: StoreOptions) -> anyhow::Resul
 pub async fn open(config: &StoreConfig, options: StoreOptions) -> anyhow::Result<SharedStore> {
     match config {
         StoreConfig::Postgres(pg) => {
-            let store =
-                postgres::PgStore::connect((**pg).clone(), options.pool_size, options.timeout)?;
+            let store = postgres::PgStore::connect(
+                (**pg).clone(),
+                options.pool_size,
+                options.timeout,
+                options.batch_max,
+            )?;
             match store.ensure_schema().await {
                 Ok(()) => {}
                 Err(StoreError::Misconfigured(cause) | StoreError::NotWritable(cause)) => {

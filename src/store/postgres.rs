@@ -1,12 +1,14 @@
 //! The PostgreSQL store.
 //!
-//! Each operation is one SQL statement, so the check and the write are one atomic step and a
-//! request costs one round trip. Expiry is decided by the database's `now()`: instances with
-//! skewed clocks still agree. Fences come from the `lease_fence` sequence, which is
-//! store-wide, crash-safe and never reused after a release deletes a row.
+//! Each decision is taken inside one SQL statement, so the check and the write are one atomic
+//! step. Acquisitions, renewals and releases that arrive together share one statement, one
+//! transaction and one commit ([`batch`], group commit); a request that arrives alone goes at
+//! once, as a batch of one. Expiry is decided by the database's `now()`: instances with skewed
+//! clocks still agree. Fences come from the `lease_fence` sequence, which is store-wide,
+//! crash-safe and never reused after a release deletes a row.
 
 use std::str::FromStr;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -24,9 +26,14 @@ use crate::domain::{
     ReleaseRequest, RenewOutcome, RenewRequest, ResourceName,
 };
 use crate::domain::{LeasePage, ListRequest, ListedLease};
+use crate::metrics::Registry;
 
+mod batch;
+mod clock;
 pub mod tls;
 
+use batch::{BatchMetrics, Batcher};
+use clock::DbClock;
 use tls::PgTls;
 
 mod embedded {
@@ -196,83 +203,68 @@ fn redact_password(url: &str) -> String {
 }
 
 pub struct PgStore {
+    db: Arc<Db>,
+    /// Decides concurrent acquisitions, renewals and releases together (see [`batch`]);
+    /// `None` when batches are limited to one request: each is then a statement of its own.
+    batcher: Option<Batcher>,
+    /// Shown (at zero) also without batches.
+    batch_metrics: BatchMetrics,
+}
+
+/// The pool and what every statement needs: shared by the store's requests and its
+/// committers.
+struct Db {
     pool: Pool,
     config: PgConfig,
     /// Set once the migrations have been applied; until then every operation tries to apply
     /// them first, so a server started before its database comes up heals by itself.
     schema: OnceCell<()>,
     clock: DbClock,
-}
-
-/// This process's monotonic clock mapped onto the database's clock, so that a request's
-/// deadline can be handed to the database as a database time.
-///
-/// Each answer that carries the database's `now()` is a sample: `now()` was read somewhere
-/// between sending and receiving, so taking it as the time of receipt makes the mapped
-/// deadline early by at most one round trip, never late. Slow answers are poor samples and
-/// are ignored once a first sample exists.
-struct DbClock {
-    anchor: Instant,
-    /// Database time in µs since the Unix epoch, minus µs since `anchor`, at the last good
-    /// sample; `i64::MIN` before the first.
-    offset_us: AtomicI64,
-}
-
-/// Round trips longer than this make no sample (unless there is none yet).
-const CLOCK_SAMPLE_MAX_RTT: Duration = Duration::from_millis(50);
-
-impl DbClock {
-    fn new() -> Self {
-        Self {
-            anchor: Instant::now(),
-            offset_us: AtomicI64::new(i64::MIN),
-        }
-    }
-
-    fn since_anchor_us(&self, at: Instant) -> i64 {
-        i64::try_from(at.saturating_duration_since(self.anchor).as_micros()).unwrap_or(i64::MAX)
-    }
-
-    /// Records that the database read `db_now` during a round trip started at `sent`.
-    fn sample(&self, db_now: DateTime<Utc>, sent: Instant) {
-        let received = Instant::now();
-        let known = self.offset_us.load(Ordering::Relaxed) != i64::MIN;
-        if known && received.duration_since(sent) > CLOCK_SAMPLE_MAX_RTT {
-            return;
-        }
-        let offset = db_now.timestamp_micros() - self.since_anchor_us(received);
-        self.offset_us.store(offset, Ordering::Relaxed);
-    }
-
-    /// `deadline` on the database's clock; `None` before the first sample.
-    fn database_time(&self, deadline: Deadline) -> Option<DateTime<Utc>> {
-        let offset = self.offset_us.load(Ordering::Relaxed);
-        if offset == i64::MIN {
-            return None;
-        }
-        DateTime::from_timestamp_micros(
-            offset.saturating_add(self.since_anchor_us(deadline.instant())),
-        )
-    }
+    /// Each session's `statement_timeout`: no statement runs longer on the server.
+    statement_timeout: Duration,
 }
 
 impl PgStore {
-    /// Builds the pool without connecting: connections are made on first use.
+    /// Builds the pool without connecting: connections are made on first use. Requests are
+    /// decided in batches of at most `batch_max` (1: each alone).
     pub fn connect(
         config: PgConfig,
         pool_size: usize,
         statement_timeout: Duration,
+        batch_max: usize,
     ) -> anyhow::Result<Self> {
-        Ok(Self {
+        let db = Arc::new(Db {
             pool: pool(&config, pool_size, statement_timeout)?,
             config,
             schema: OnceCell::new(),
             clock: DbClock::new(),
+            statement_timeout,
+        });
+        let batch_metrics = BatchMetrics::new();
+        let batcher = (batch_max > 1)
+            .then(|| Batcher::start(db.clone(), pool_size, batch_max, batch_metrics.clone()));
+        Ok(Self {
+            db,
+            batcher,
+            batch_metrics,
         })
     }
 
     /// Applies the migrations once; safe when several instances start at the same time.
     pub async fn ensure_schema(&self) -> Result<(), StoreError> {
+        self.db.ensure_schema().await
+    }
+
+    /// Connects and verifies, without changing anything, that this database can serve
+    /// leases: it accepts writes, and its schema is exactly this build's. Returns what was
+    /// found, or the cause of the first problem in one line.
+    pub async fn check(&self) -> anyhow::Result<String> {
+        self.db.check().await
+    }
+}
+
+impl Db {
+    async fn ensure_schema(&self) -> Result<(), StoreError> {
         self.schema
             .get_or_try_init(|| self.migrate())
             .await
@@ -325,10 +317,7 @@ impl PgStore {
         result
     }
 
-    /// Connects and verifies, without changing anything, that this database can serve
-    /// leases: it accepts writes, and its schema is exactly this build's. Returns what was
-    /// found, or the cause of the first problem in one line.
-    pub async fn check(&self) -> anyhow::Result<String> {
+    async fn check(&self) -> anyhow::Result<String> {
         let (mut client, connection) = self
             .config
             .config
@@ -397,16 +386,21 @@ impl PgStore {
         if let Some(at) = self.clock.database_time(deadline) {
             return Ok(at);
         }
-        let client = self.client().await?;
+        self.read_clock(&*self.client().await?).await?;
+        self.clock
+            .database_time(deadline)
+            .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("the database clock is unset")))
+    }
+
+    /// Samples the database's clock on `client`.
+    async fn read_clock(&self, client: &tokio_postgres::Client) -> Result<(), StoreError> {
         let sent = Instant::now();
         let row = client
             .query_one("SELECT clock_timestamp()", &[])
             .await
             .map_err(classify)?;
         self.clock.sample(row.get(0), sent);
-        self.clock
-            .database_time(deadline)
-            .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("the database clock is unset")))
+        Ok(())
     }
 
     /// Runs a write whose last parameter is its deadline (on the database's clock, given
@@ -491,24 +485,30 @@ const SCHEMA_PROBES: [&str; 4] = [
     "SELECT id, checked_at FROM store_probe LIMIT 0",
     "SELECT last_value FROM lease_fence",
     "SELECT 'fencelock_acquire(text,text,integer,timestamp with time zone,text,integer)'::regprocedure,
-            'fencelock_in_time(timestamp with time zone)'::regprocedure",
+            'fencelock_in_time(timestamp with time zone)'::regprocedure,
+            'fencelock_apply(text[],text[],text[],integer[],bigint[],text[],timestamp with time zone[],integer)'::regprocedure",
 ];
 
 /// A database that accepts only reads: a hot standby, or read-only by configuration.
 const READ_ONLY: &str =
     "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'";
 
+/// Rows are deleted in the order the expiry index is scanned, not in resource order, so the
+/// purge skips rows that are locked (by a batch deciding on them) rather than waiting: it
+/// never waits on a lease row and so can never close a deadlock with a batch. A skipped row
+/// goes next time.
 const PURGE: &str = "
 DELETE FROM leases WHERE resource IN (
     SELECT resource FROM leases
     WHERE expires_at < now() - $1::bigint * interval '1 millisecond'
     LIMIT $2
+    FOR UPDATE SKIP LOCKED
 )";
 
-#[async_trait]
-impl LeaseStore for PgStore {
-    #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
-    async fn acquire(
+/// The single-statement form of each write: for acquisitions with a quota, for requests
+/// whose batch failed, and for every request when batches are limited to one.
+impl Db {
+    async fn acquire_alone(
         &self,
         req: &AcquireRequest,
         deadline: Deadline,
@@ -543,38 +543,11 @@ impl LeaseStore for PgStore {
             expires_at: row.get(2),
             observed_at: row.get(3),
         };
-        let how = match row.get::<_, &str>(4) {
-            "fresh" => Acquisition::Fresh,
-            "reacquired" => Acquisition::Reacquired,
-            "taken_over" => Acquisition::TakenOver,
-            other => {
-                return Err(StoreError::Internal(anyhow::anyhow!(
-                    "fencelock_acquire answered an unknown event {other:?}"
-                )));
-            }
-        };
+        let how = acquisition(row.get(4))?;
         Ok(AcquireOutcome::Acquired { lease, how })
     }
 
-    #[tracing::instrument(skip_all, fields(lease.resource = %resource))]
-    async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
-        let Some(row) = self.query_opt(INSPECT, &[&resource.as_str()]).await? else {
-            return Ok(None);
-        };
-        let owner: &str = row.get(0);
-        Ok(Some(Lease {
-            resource: resource.clone(),
-            owner: Owner::parse(owner)
-                .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored owner: {e}")))?,
-            fence: fence(&row, 1)?,
-            acquired_at: row.get(2),
-            expires_at: row.get(3),
-            observed_at: row.get(4),
-        }))
-    }
-
-    #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
-    async fn renew(
+    async fn renew_alone(
         &self,
         req: &RenewRequest,
         deadline: Deadline,
@@ -605,8 +578,7 @@ impl LeaseStore for PgStore {
         })
     }
 
-    #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
-    async fn release(
+    async fn release_alone(
         &self,
         req: &ReleaseRequest,
         deadline: Deadline,
@@ -632,10 +604,74 @@ impl LeaseStore for PgStore {
         })
     }
 
+    fn describe(&self) -> String {
+        format!("PostgreSQL at {}", self.config.redacted_url)
+    }
+}
+
+#[async_trait]
+impl LeaseStore for PgStore {
+    /// An acquisition with a quota is decided alone: its token's advisory lock must not be
+    /// taken inside a batch, whose transactions take row locks only, in resource order (see
+    /// [`batch`]).
+    #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
+    async fn acquire(
+        &self,
+        req: &AcquireRequest,
+        deadline: Deadline,
+    ) -> Result<AcquireOutcome, StoreError> {
+        let quota = req.token.as_ref().is_some_and(|t| t.max_leases.is_some());
+        match &self.batcher {
+            Some(batcher) if !quota => batcher.acquire(req, deadline).await,
+            _ => self.db.acquire_alone(req, deadline).await,
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(lease.resource = %resource))]
+    async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
+        let Some(row) = self.db.query_opt(INSPECT, &[&resource.as_str()]).await? else {
+            return Ok(None);
+        };
+        let owner: &str = row.get(0);
+        Ok(Some(Lease {
+            resource: resource.clone(),
+            owner: Owner::parse(owner)
+                .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored owner: {e}")))?,
+            fence: fence(&row, 1)?,
+            acquired_at: row.get(2),
+            expires_at: row.get(3),
+            observed_at: row.get(4),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
+    async fn renew(
+        &self,
+        req: &RenewRequest,
+        deadline: Deadline,
+    ) -> Result<RenewOutcome, StoreError> {
+        match &self.batcher {
+            Some(batcher) => batcher.renew(req, deadline).await,
+            None => self.db.renew_alone(req, deadline).await,
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
+    async fn release(
+        &self,
+        req: &ReleaseRequest,
+        deadline: Deadline,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        match &self.batcher {
+            Some(batcher) => batcher.release(req, deadline).await,
+            None => self.db.release_alone(req, deadline).await,
+        }
+    }
+
     async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError> {
         let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let client = self.client().await?;
+        let client = self.db.client().await?;
         let statement = client.prepare_cached(PURGE).await.map_err(classify)?;
         client
             .execute(&statement, &[&grace_ms, &limit])
@@ -644,7 +680,7 @@ impl LeaseStore for PgStore {
     }
 
     async fn count_live(&self) -> Result<u64, StoreError> {
-        let row = self.query_opt(COUNT_LIVE, &[]).await?;
+        let row = self.db.query_opt(COUNT_LIVE, &[]).await?;
         let count: i64 = row.map_or(0, |row| row.get(0));
         Ok(u64::try_from(count).unwrap_or(0))
     }
@@ -652,7 +688,7 @@ impl LeaseStore for PgStore {
     /// A real write (the probe row), committed like a lease change: a standby, a
     /// read-only database or a full disk fail it the way they would fail an acquisition.
     async fn ping(&self) -> Result<(), StoreError> {
-        let client = self.client().await?;
+        let client = self.db.client().await?;
         client.simple_query(PROBE).await.map_err(classify)?;
         Ok(())
     }
@@ -661,8 +697,24 @@ impl LeaseStore for PgStore {
         self.list_page(req).await
     }
 
+    fn register_metrics(&self, registry: &Registry) {
+        self.batch_metrics.register(registry);
+    }
+
     fn describe(&self) -> String {
-        format!("PostgreSQL at {}", self.config.redacted_url)
+        self.db.describe()
+    }
+}
+
+/// The event a grant names, as the SQL functions spell it.
+fn acquisition(how: &str) -> Result<Acquisition, StoreError> {
+    match how {
+        "fresh" => Ok(Acquisition::Fresh),
+        "reacquired" => Ok(Acquisition::Reacquired),
+        "taken_over" => Ok(Acquisition::TakenOver),
+        other => Err(StoreError::Internal(anyhow::anyhow!(
+            "the database answered an unknown acquisition event {other:?}"
+        ))),
     }
 }
 
@@ -781,7 +833,7 @@ impl PgStore {
     /// ends the page without a look at the others.
     #[tracing::instrument(skip_all)]
     async fn list_page(&self, req: &ListRequest) -> Result<LeasePage, StoreError> {
-        let client = self.client().await?;
+        let client = self.db.client().await?;
         let statement = client.prepare_cached(LIST).await.map_err(classify)?;
         let wanted = req.limit.get() + 1;
         let mut leases = Vec::with_capacity(wanted);

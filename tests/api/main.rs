@@ -16,6 +16,7 @@ mod concurrency;
 mod connections;
 mod decisions;
 mod errors;
+mod group_commit;
 mod health;
 mod input;
 mod inspect;

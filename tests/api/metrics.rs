@@ -106,6 +106,26 @@ async fn each_answer_is_counted_once_under_its_outcome(kind: StoreKind) {
         metrics.value("fencelock_store_seconds_count", &[("op", "acquire")]),
         2.0
     );
+    // PostgreSQL decided the four requests, one after the other, as four batches of one;
+    // SQLite has no such family.
+    let batches = |part: &str| metrics.get(&format!("fencelock_store_batch_size_{part}"), &[]);
+    match kind {
+        StoreKind::Postgres => {
+            assert_eq!(batches("count"), Some(4.0));
+            assert_eq!(batches("sum"), Some(4.0));
+            assert_eq!(
+                metrics.get("fencelock_store_batches_refused_total", &[]),
+                Some(0.0)
+            );
+        }
+        StoreKind::Sqlite => {
+            assert_eq!(batches("count"), None);
+            assert_eq!(
+                metrics.get("fencelock_store_batches_refused_total", &[]),
+                None
+            );
+        }
+    }
 
     let lock_route = route(&app, "/locks/{resource}");
     let renew_route = route(&app, "/locks/{resource}/renew");

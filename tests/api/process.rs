@@ -13,11 +13,12 @@ use crate::helpers::{RowLock, StoreKind, TTL, TestDb, assert_failed_in_one_line,
 
 /// Every setting: its flag and its environment variable, as `--help` must name them. Both
 /// are cleared for the tests' processes, so that a developer's shell cannot leak into them.
-const SETTINGS: [(&str, &str); 16] = [
+const SETTINGS: [(&str, &str); 17] = [
     ("--bind", "FENCELOCK_BIND"),
     ("--database-url", "DATABASE_URL"),
     ("--max-ttl-seconds", "FENCELOCK_MAX_TTL_SECONDS"),
     ("--pool-size", "FENCELOCK_POOL_SIZE"),
+    ("--pg-batch-max", "FENCELOCK_PG_BATCH_MAX"),
     ("--log-format", "FENCELOCK_LOG_FORMAT"),
     ("--purge-grace-seconds", "FENCELOCK_PURGE_GRACE_SECONDS"),
     (

@@ -1,0 +1,610 @@
+//! Group commit: acquisitions, renewals and releases that arrive together are decided by one
+//! statement (`fencelock_apply`, migration V5), in one transaction, with one commit and one
+//! round trip for all of them.
+//!
+//! Requests are queued; a few committers take turns at the queue. A committer takes the first
+//! request that comes and whatever else is queued at that moment (up to the batch maximum),
+//! sends them as one statement, and answers each request once the commit is done. There is no
+//! waiting window: a request that finds a committer idle goes at once, as a batch of one;
+//! under load, requests queue while the committers are busy and the batches grow by
+//! themselves.
+//!
+//! What holds:
+//! - Each request is decided by the rules of its single statement, against the state left by
+//!   the requests before it in the batch. A batch is sent sorted by resource; requests for
+//!   one resource in one batch are decided in queue order. Batches running at the same time
+//!   meet only on lease row locks, which each takes in resource order, so they never
+//!   deadlock (see the migration). Which of two such batches decides a resource first is up
+//!   to the row lock, as it is for two single statements: both requests were in flight
+//!   together.
+//! - A request is answered only once its batch has committed. A request whose deadline has
+//!   passed before its batch is sent, or before its row is written, is answered "too late"
+//!   (`503`) and nothing of it is written; the others in the batch go on.
+//! - If the database reports an error for the batch (a statement timeout, a row lock held
+//!   longer than the batch waits for one), nothing was committed: each request is then
+//!   decided alone, by the single statements, so one bad request never fails the others. If
+//!   the connection fails instead, the commit's fate is unknown: every request of the batch
+//!   is answered with that error (a `503`) and none is run again, since a release that did
+//!   commit would be answered "not found" the second time.
+//! - An acquisition with a quota is never batched (see `PgStore::acquire`).
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use futures_util::FutureExt as _;
+use prometheus::{Histogram, IntCounter};
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio_postgres::Row;
+use tokio_postgres::error::Severity;
+use tokio_postgres::types::{FromSql, ToSql};
+use tracing::Instrument as _;
+
+use super::{DRIVERS, Db, acquisition, classify};
+use crate::domain::{
+    AcquireOutcome, AcquireRequest, Fence, Lease, Owner, ReleaseOutcome, ReleaseRequest,
+    RenewOutcome, RenewRequest, ResourceName,
+};
+use crate::metrics::{self, Registry};
+use crate::store::{Deadline, StoreError};
+
+/// Committers per store (fewer with a smaller pool). Two keep one batch being collected and
+/// sent while the other waits for its commit; each holds one pooled connection while it
+/// works.
+const COMMITTERS: usize = 2;
+
+/// Longest a batch waits for one row lock (less with a short store timeout, see
+/// [`lock_wait`]). Lease rows are locked only by single statements, each its own short
+/// transaction, so a longer wait means a transaction from outside holds a row: the batch then
+/// gives up, and its requests are decided alone, each waiting only for its own row.
+const LOCK_WAIT_MAX: Duration = Duration::from_secs(1);
+
+/// How much longer than the statement timeout a committer waits for an answer before it
+/// gives the connection up (a network partition delivers no error, only silence).
+const NO_ANSWER_GRACE: Duration = Duration::from_secs(1);
+
+const APPLY: &str = "
+SELECT ord, outcome, fence, acquired_at, expires_at, observed_at
+FROM fencelock_apply($1, $2, $3, $4, $5, $6, $7, $8)";
+
+/// What the committers count, for every app that shows the store's metrics.
+#[derive(Clone)]
+pub(super) struct BatchMetrics {
+    /// `fencelock_store_batch_size`: requests per statement sent.
+    sizes: Histogram,
+    /// `fencelock_store_batches_refused_total`: batches decided again request by request.
+    refused: IntCounter,
+}
+
+impl BatchMetrics {
+    pub(super) fn new() -> Self {
+        Self {
+            sizes: metrics::detached_histogram(
+                &metrics::STORE_BATCH_SIZE,
+                metrics::BATCH_SIZE_BUCKETS,
+            ),
+            refused: metrics::detached_counter(&metrics::STORE_BATCHES_REFUSED),
+        }
+    }
+
+    /// Adds both families to an app's registry.
+    pub(super) fn register(&self, registry: &Registry) {
+        metrics::add(registry, &metrics::STORE_BATCH_SIZE, &self.sizes);
+        metrics::add(registry, &metrics::STORE_BATCHES_REFUSED, &self.refused);
+    }
+}
+
+/// The queue of the store's lock requests; dropping it lets the committers finish the
+/// requests already queued, then stop.
+pub(super) struct Batcher {
+    queue: mpsc::UnboundedSender<Job>,
+}
+
+impl Batcher {
+    /// Starts the committers (on the runtime the pool's connections live on) for batches of at
+    /// most `batch_max` requests, counted in `metrics`.
+    pub(super) fn start(
+        db: Arc<Db>,
+        pool_size: usize,
+        batch_max: usize,
+        metrics: BatchMetrics,
+    ) -> Self {
+        let (queue, jobs) = mpsc::unbounded_channel();
+        let committers = Arc::new(Committers {
+            db,
+            jobs: Mutex::new(jobs),
+            batch_max,
+            metrics,
+        });
+        for _ in 0..pool_size.clamp(1, COMMITTERS) {
+            DRIVERS.spawn(committers.clone().serve());
+        }
+        Self { queue }
+    }
+
+    pub(super) async fn acquire(
+        &self,
+        req: &AcquireRequest,
+        deadline: Deadline,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.ask(deadline, |reply| Op::Acquire(req.clone(), reply))
+            .await
+    }
+
+    pub(super) async fn renew(
+        &self,
+        req: &RenewRequest,
+        deadline: Deadline,
+    ) -> Result<RenewOutcome, StoreError> {
+        self.ask(deadline, |reply| Op::Renew(req.clone(), reply))
+            .await
+    }
+
+    pub(super) async fn release(
+        &self,
+        req: &ReleaseRequest,
+        deadline: Deadline,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        self.ask(deadline, |reply| Op::Release(req.clone(), reply))
+            .await
+    }
+
+    async fn ask<T>(
+        &self,
+        deadline: Deadline,
+        op: impl FnOnce(Reply<T>) -> Op,
+    ) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(Job {
+                op: op(reply),
+                deadline,
+            })
+            .map_err(|_| unanswered())?;
+        answer.await.unwrap_or_else(|_| Err(unanswered()))
+    }
+}
+
+/// A request dropped without an answer: its committer stopped (the store is going away) or
+/// failed.
+fn unanswered() -> StoreError {
+    StoreError::unavailable("the PostgreSQL store stopped before it decided the request")
+}
+
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+/// One queued request and where its answer goes.
+struct Job {
+    op: Op,
+    deadline: Deadline,
+}
+
+enum Op {
+    Acquire(AcquireRequest, Reply<AcquireOutcome>),
+    Renew(RenewRequest, Reply<RenewOutcome>),
+    Release(ReleaseRequest, Reply<ReleaseOutcome>),
+}
+
+impl Job {
+    fn resource(&self) -> &str {
+        match &self.op {
+            Op::Acquire(req, _) => req.resource.as_str(),
+            Op::Renew(req, _) => req.resource.as_str(),
+            Op::Release(req, _) => req.resource.as_str(),
+        }
+    }
+
+    /// Nobody waits for the answer any more: the request was answered `503` on its timeout,
+    /// or its client went away. Not doing the work is then the same as never being asked.
+    fn abandoned(&self) -> bool {
+        match &self.op {
+            Op::Acquire(_, reply) => reply.is_closed(),
+            Op::Renew(_, reply) => reply.is_closed(),
+            Op::Release(_, reply) => reply.is_closed(),
+        }
+    }
+
+    fn fail(self, error: StoreError) {
+        // A requester that is gone needs no answer.
+        let _ = match self.op {
+            Op::Acquire(_, reply) => reply.send(Err(error)).is_ok(),
+            Op::Renew(_, reply) => reply.send(Err(error)).is_ok(),
+            Op::Release(_, reply) => reply.send(Err(error)).is_ok(),
+        };
+    }
+
+    /// Answers from the batch's row for this request.
+    fn answer(self, row: Option<&Row>) {
+        let Some(row) = row else {
+            return self.fail(StoreError::Internal(anyhow::anyhow!(
+                "fencelock_apply gave no answer for a request"
+            )));
+        };
+        let _ = match self.op {
+            Op::Acquire(req, reply) => reply.send(acquired(&req, row)).is_ok(),
+            Op::Renew(req, reply) => reply.send(renewed(&req, row)).is_ok(),
+            Op::Release(_, reply) => reply.send(released(row)).is_ok(),
+        };
+    }
+
+    /// Decides the request by its single statement.
+    async fn decide_alone(self, db: &Db) {
+        if self.abandoned() {
+            return;
+        }
+        if self.deadline.has_passed() {
+            return self.fail(StoreError::too_late());
+        }
+        let deadline = self.deadline;
+        let bound = db.statement_timeout + NO_ANSWER_GRACE;
+        let _ = match self.op {
+            Op::Acquire(req, reply) => reply
+                .send(bounded(bound, db.acquire_alone(&req, deadline)).await)
+                .is_ok(),
+            Op::Renew(req, reply) => reply
+                .send(bounded(bound, db.renew_alone(&req, deadline)).await)
+                .is_ok(),
+            Op::Release(req, reply) => reply
+                .send(bounded(bound, db.release_alone(&req, deadline)).await)
+                .is_ok(),
+        };
+    }
+}
+
+/// `operation`'s answer, or `503` if there is none within `bound`.
+async fn bounded<T>(
+    bound: Duration,
+    operation: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(bound, operation)
+        .await
+        .unwrap_or_else(|_| Err(no_answer(bound)))
+}
+
+fn no_answer(bound: Duration) -> StoreError {
+    StoreError::unavailable(format!("PostgreSQL did not answer within {bound:?}"))
+}
+
+/// What the committers of one store share.
+struct Committers {
+    db: Arc<Db>,
+    jobs: Mutex<mpsc::UnboundedReceiver<Job>>,
+    batch_max: usize,
+    metrics: BatchMetrics,
+}
+
+/// Why a batch got no answers.
+enum Failure {
+    /// The database refused the statement: nothing was committed, and each request may be
+    /// decided again, alone.
+    Undone(tokio_postgres::Error),
+    /// No statement was sent (no connection), or the commit's fate is unknown: every request
+    /// gets this error.
+    Unanswered(StoreError),
+}
+
+impl From<tokio_postgres::Error> for Failure {
+    fn from(e: tokio_postgres::Error) -> Self {
+        // An ERROR ends the statement's transaction before its commit. FATAL and PANIC end
+        // the session or the server, and an error without a database report is the
+        // connection's: for those the commit may or may not have happened.
+        let undone = e
+            .as_db_error()
+            .is_some_and(|db| db.parsed_severity() == Some(Severity::Error));
+        if undone {
+            Self::Undone(e)
+        } else {
+            Self::Unanswered(classify(e))
+        }
+    }
+}
+
+impl Committers {
+    /// Takes batches off the queue until the store is gone and the queue is empty.
+    async fn serve(self: Arc<Self>) {
+        while let Some(batch) = self.next_batch().await {
+            // A panic is a bug; it drops the batch's answers (its requests get `503`), not
+            // the committer.
+            if AssertUnwindSafe(self.commit(batch))
+                .catch_unwind()
+                .await
+                .is_err()
+            {
+                tracing::error!("a PostgreSQL batch panicked; its requests were answered 503");
+            }
+        }
+    }
+
+    /// The next request (waiting for one) and every request queued behind it, up to the
+    /// batch maximum; `None` once the store is gone and nothing is queued.
+    async fn next_batch(&self) -> Option<Vec<Job>> {
+        let mut jobs = self.jobs.lock().await;
+        let first = jobs.recv().await?;
+        let mut batch = vec![first];
+        while batch.len() < self.batch_max {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        Some(batch)
+    }
+
+    async fn commit(&self, batch: Vec<Job>) {
+        let mut batch: Vec<Job> = batch
+            .into_iter()
+            .filter(|job| !job.abandoned())
+            .filter_map(|job| {
+                if job.deadline.has_passed() {
+                    job.fail(StoreError::too_late());
+                    None
+                } else {
+                    Some(job)
+                }
+            })
+            .collect();
+        if batch.is_empty() {
+            return;
+        }
+        // The order `fencelock_apply` takes its rows in, the same in every batch (byte order;
+        // resource names are ASCII, so the database's "C" order agrees). Stable: requests
+        // for one resource stay in queue order.
+        batch.sort_by(|a, b| a.resource().cmp(b.resource()));
+        self.metrics.sizes.observe(batch.len() as f64);
+        let span = tracing::debug_span!("pg_batch", size = batch.len());
+        match self.apply(&batch).instrument(span).await {
+            Ok(rows) => {
+                for (job, row) in batch.into_iter().zip(rows) {
+                    job.answer(row.as_ref());
+                }
+            }
+            Err(Failure::Undone(e)) => {
+                self.metrics.refused.inc();
+                tracing::warn!(
+                    error = %format!("{:#}", anyhow::Error::new(e)),
+                    size = batch.len(),
+                    "PostgreSQL refused a batch of lock requests; deciding each alone"
+                );
+                // Beside the committer, which goes on with the next batch: a request that
+                // waits for a row held from outside holds up nothing else.
+                let db = self.db.clone();
+                tokio::spawn(async move { decide_each_alone(&db, batch).await });
+            }
+            Err(Failure::Unanswered(e)) => {
+                for job in batch {
+                    job.fail(e.same_kind());
+                }
+            }
+        }
+    }
+
+    /// Runs the batch's statement; returns each request's row, in the batch's order.
+    async fn apply(&self, batch: &[Job]) -> Result<Vec<Option<Row>>, Failure> {
+        let db = &self.db;
+        let client = db.client().await.map_err(Failure::Unanswered)?;
+        let bound = db.statement_timeout + NO_ANSWER_GRACE;
+        match tokio::time::timeout(bound, self.send(&client, batch)).await {
+            Ok(rows) => rows,
+            Err(_) => {
+                // A silent connection may still deliver the answer later, to nobody: it
+                // leaves the pool rather than hold up the next batch.
+                drop(deadpool_postgres::Object::take(client));
+                Err(Failure::Unanswered(no_answer(bound)))
+            }
+        }
+    }
+
+    async fn send(
+        &self,
+        client: &deadpool_postgres::Object,
+        batch: &[Job],
+    ) -> Result<Vec<Option<Row>>, Failure> {
+        let db = &self.db;
+        if db.clock.database_time(batch[0].deadline).is_none() {
+            db.read_clock(client).await.map_err(Failure::Unanswered)?;
+        }
+        let until = batch
+            .iter()
+            .map(|job| db.clock.database_time(job.deadline))
+            .collect::<Option<Vec<DateTime<Utc>>>>()
+            .ok_or_else(|| {
+                Failure::Unanswered(StoreError::Internal(anyhow::anyhow!(
+                    "the database clock is unset"
+                )))
+            })?;
+        let arrays = Arrays::of(batch);
+        let lock_wait_ms = lock_wait(db.statement_timeout);
+        let params: [&(dyn ToSql + Sync); 8] = [
+            &arrays.kinds,
+            &arrays.resources,
+            &arrays.owners,
+            &arrays.ttls,
+            &arrays.fences,
+            &arrays.tokens,
+            &until,
+            &lock_wait_ms,
+        ];
+        let statement = client.prepare_cached(APPLY).await?;
+        let sent = Instant::now();
+        let rows = client.query(&statement, &params).await?;
+        if let Some(now) = rows.first().and_then(|row| column(row, 5).ok()) {
+            db.clock.sample(now, sent);
+        }
+        let mut answers: Vec<Option<Row>> = batch.iter().map(|_| None).collect();
+        for row in rows {
+            // Committed by now: a bad answer is a bug, reported to every request.
+            let ord: i32 = column(&row, 0).map_err(Failure::Unanswered)?;
+            let slot = usize::try_from(ord)
+                .ok()
+                .and_then(|ord| ord.checked_sub(1))
+                .and_then(|index| answers.get_mut(index));
+            if let Some(slot) = slot {
+                *slot = Some(row);
+            }
+        }
+        Ok(answers)
+    }
+}
+
+/// Decides each request of a batch (in resource order) that the database refused by its
+/// single statement: requests for one resource one after the other, in queue order;
+/// different resources at the same time, so that one request waiting for its row holds up
+/// no other.
+async fn decide_each_alone(db: &Db, batch: Vec<Job>) {
+    let mut groups: Vec<Vec<Job>> = Vec::new();
+    for job in batch {
+        match groups.last_mut() {
+            Some(group) if group[0].resource() == job.resource() => group.push(job),
+            _ => groups.push(vec![job]),
+        }
+    }
+    futures_util::future::join_all(groups.into_iter().map(|group| async move {
+        for job in group {
+            job.decide_alone(db).await;
+        }
+    }))
+    .await;
+}
+
+/// The longest a batch waits for one row lock: [`LOCK_WAIT_MAX`], or a quarter of a shorter
+/// statement timeout, so that the requests have time left to be decided alone.
+fn lock_wait(statement_timeout: Duration) -> i32 {
+    let wait = (statement_timeout / 4)
+        .min(LOCK_WAIT_MAX)
+        .max(Duration::from_millis(1));
+    i32::try_from(wait.as_millis()).unwrap_or(i32::MAX)
+}
+
+/// The batch as `fencelock_apply`'s parameter arrays: element `i` of each is request `i`.
+struct Arrays<'a> {
+    kinds: Vec<&'static str>,
+    resources: Vec<&'a str>,
+    owners: Vec<&'a str>,
+    ttls: Vec<Option<i32>>,
+    fences: Vec<Option<i64>>,
+    tokens: Vec<Option<&'a str>>,
+}
+
+impl<'a> Arrays<'a> {
+    fn of(batch: &'a [Job]) -> Self {
+        let mut arrays = Self {
+            kinds: Vec::with_capacity(batch.len()),
+            resources: Vec::with_capacity(batch.len()),
+            owners: Vec::with_capacity(batch.len()),
+            ttls: Vec::with_capacity(batch.len()),
+            fences: Vec::with_capacity(batch.len()),
+            tokens: Vec::with_capacity(batch.len()),
+        };
+        for job in batch {
+            let (kind, owner, ttl, fence, token) = match &job.op {
+                Op::Acquire(req, _) => (
+                    "acquire",
+                    &req.owner,
+                    Some(req.ttl.seconds()),
+                    None,
+                    req.token.as_ref().map(|t| t.name.as_str()),
+                ),
+                Op::Renew(req, _) => (
+                    "renew",
+                    &req.owner,
+                    Some(req.ttl.seconds()),
+                    req.fence,
+                    None,
+                ),
+                Op::Release(req, _) => ("release", &req.owner, None, req.fence, None),
+            };
+            arrays.kinds.push(kind);
+            arrays.resources.push(job.resource());
+            arrays.owners.push(owner.as_str());
+            arrays.ttls.push(ttl.map(super::ttl_param));
+            arrays.fences.push(fence.map(Fence::get));
+            arrays.tokens.push(token);
+        }
+        arrays
+    }
+}
+
+fn column<'a, T: FromSql<'a>>(row: &'a Row, index: usize) -> Result<T, StoreError> {
+    row.try_get(index).map_err(|e| {
+        StoreError::Internal(anyhow::anyhow!(
+            "fencelock_apply answered column {index} unexpectedly: {e}"
+        ))
+    })
+}
+
+fn fence_at(row: &Row, index: usize) -> Result<Fence, StoreError> {
+    Fence::new(column(row, index)?)
+        .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored fence: {e}")))
+}
+
+fn lease(resource: &ResourceName, owner: &Owner, row: &Row) -> Result<Lease, StoreError> {
+    Ok(Lease {
+        resource: resource.clone(),
+        owner: owner.clone(),
+        fence: fence_at(row, 2)?,
+        acquired_at: column(row, 3)?,
+        expires_at: column(row, 4)?,
+        observed_at: column(row, 5)?,
+    })
+}
+
+fn unknown(outcome: &str) -> StoreError {
+    StoreError::Internal(anyhow::anyhow!(
+        "fencelock_apply answered an unknown outcome {outcome:?}"
+    ))
+}
+
+fn acquired(req: &AcquireRequest, row: &Row) -> Result<AcquireOutcome, StoreError> {
+    Ok(match column::<&str>(row, 1)? {
+        "held" => AcquireOutcome::Held,
+        "too_late" => return Err(StoreError::too_late()),
+        how => AcquireOutcome::Acquired {
+            how: acquisition(how)?,
+            lease: lease(&req.resource, &req.owner, row)?,
+        },
+    })
+}
+
+fn renewed(req: &RenewRequest, row: &Row) -> Result<RenewOutcome, StoreError> {
+    Ok(match column::<&str>(row, 1)? {
+        "renewed" => RenewOutcome::Renewed(lease(&req.resource, &req.owner, row)?),
+        "not_found" => RenewOutcome::NotFound,
+        "expired" => RenewOutcome::Expired,
+        "owner_mismatch" => RenewOutcome::OwnerMismatch,
+        "stale_fence" => RenewOutcome::StaleFence {
+            current: fence_at(row, 2)?,
+        },
+        "too_late" => return Err(StoreError::too_late()),
+        other => return Err(unknown(other)),
+    })
+}
+
+fn released(row: &Row) -> Result<ReleaseOutcome, StoreError> {
+    Ok(match column::<&str>(row, 1)? {
+        "released" => ReleaseOutcome::Released {
+            fence: fence_at(row, 2)?,
+            acquired_at: column(row, 3)?,
+            released_at: column(row, 5)?,
+        },
+        "not_found" => ReleaseOutcome::NotFound,
+        "not_owner" => ReleaseOutcome::NotOwner,
+        "stale_fence" => ReleaseOutcome::StaleFence {
+            current: fence_at(row, 2)?,
+        },
+        "too_late" => return Err(StoreError::too_late()),
+        other => return Err(unknown(other)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_waits_for_a_row_lock_at_most_a_quarter_of_the_statement_timeout() {
+        assert_eq!(lock_wait(Duration::from_secs(5)), 1000);
+        assert_eq!(lock_wait(Duration::from_millis(500)), 125);
+        assert_eq!(lock_wait(Duration::from_millis(2)), 1);
+    }
+}

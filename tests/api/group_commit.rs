@@ -1,0 +1,523 @@
+//! Group commit: concurrent lock requests to PostgreSQL are decided together, in one statement
+//! and one commit, with the same answers as alone. These tests talk to the server's store
+//! directly, so that many requests are in flight at exactly the same time.
+//!
+//! The PostgreSQL-only tests make batches on purpose: both committers are first held up on
+//! row locks taken by another session ([`HeldCommitters`]), the requests are queued behind
+//! them, and once they are let go one committer takes everything queued as one batch.
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use fencelock::domain::{
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, Owner, ReleaseOutcome, ReleaseRequest,
+    RenewOutcome, RenewRequest, ResourceName, TokenQuota, Ttl,
+};
+use fencelock::store::{Deadline, SharedStore, StoreError};
+use futures_util::future::{JoinAll, join_all};
+
+use crate::helpers::{Exposition, RowLock, StoreKind, TTL, TestApp};
+
+fn acquire(resource: &str, owner: &str) -> AcquireRequest {
+    AcquireRequest {
+        resource: ResourceName::parse(resource).unwrap(),
+        owner: Owner::parse(owner).unwrap(),
+        ttl: ttl(),
+        token: None,
+    }
+}
+
+fn acquire_with_token(resource: &str, token: &str, max_leases: Option<u32>) -> AcquireRequest {
+    AcquireRequest {
+        token: Some(TokenQuota {
+            name: token.to_owned(),
+            max_leases,
+        }),
+        ..acquire(resource, "worker")
+    }
+}
+
+fn renew(resource: &str, owner: &str, fence: Option<Fence>) -> RenewRequest {
+    RenewRequest {
+        resource: ResourceName::parse(resource).unwrap(),
+        owner: Owner::parse(owner).unwrap(),
+        ttl: ttl(),
+        fence,
+    }
+}
+
+fn release(resource: &str, owner: &str, fence: Option<Fence>) -> ReleaseRequest {
+    ReleaseRequest {
+        resource: ResourceName::parse(resource).unwrap(),
+        owner: Owner::parse(owner).unwrap(),
+        fence,
+    }
+}
+
+fn ttl() -> Ttl {
+    Ttl::new(TTL, Ttl::max(86_400).unwrap()).unwrap()
+}
+
+/// The deadline of a request answered within the default store timeout.
+fn in_time() -> Deadline {
+    Deadline::after(Duration::from_secs(5))
+}
+
+fn granted(outcome: Result<AcquireOutcome, StoreError>) -> (i64, Acquisition) {
+    match outcome {
+        Ok(AcquireOutcome::Acquired { lease, how }) => (lease.fence.get(), how),
+        other => panic!("not granted: {other:?}"),
+    }
+}
+
+fn assert_too_late<T: std::fmt::Debug>(outcome: Result<T, StoreError>) {
+    match outcome {
+        Err(e @ StoreError::Unavailable(_)) => {
+            assert!(e.to_string().contains("deadline passed"), "{e}");
+        }
+        other => panic!("not refused as too late: {other:?}"),
+    }
+}
+
+/// How many batches of more than `above` requests (and at most `up_to`) were sent.
+fn batches_between(metrics: &Exposition, above: &str, up_to: &str) -> f64 {
+    let bucket = |le| metrics.value("fencelock_store_batch_size_bucket", &[("le", le)]);
+    bucket(up_to) - bucket(above)
+}
+
+/// Three waves of 200 acquisitions of distinct free resources, all at once: every one is
+/// granted, their fences are distinct, and every fence of a wave is above every fence of the
+/// wave before. On PostgreSQL they went in batches.
+async fn concurrent_acquisitions_get_distinct_increasing_fences(kind: StoreKind) {
+    const WAVE: usize = 200;
+    let app = TestApp::spawn(kind).await;
+    let mut before = 0;
+    for wave in 0..3 {
+        let outcomes = join_all((0..WAVE).map(|i| {
+            let store = app.store.clone();
+            async move {
+                store
+                    .acquire(&acquire(&format!("wave-{wave}-{i}"), "o"), in_time())
+                    .await
+            }
+        }))
+        .await;
+        let mut fences = HashSet::new();
+        for outcome in outcomes {
+            let (fence, how) = granted(outcome);
+            assert_eq!(how, Acquisition::Fresh);
+            assert!(
+                fence > before,
+                "fence {fence} of wave {wave} after {before}"
+            );
+            assert!(fences.insert(fence), "fence {fence} issued twice");
+        }
+        before = *fences.iter().max().unwrap();
+    }
+    if kind == StoreKind::Postgres {
+        let metrics = app.metrics().await;
+        let requests = metrics.value("fencelock_store_batch_size_sum", &[]);
+        let batches = metrics.value("fencelock_store_batch_size_count", &[]);
+        assert_eq!(requests, 3.0 * WAVE as f64);
+        assert!(
+            batches * 2.0 <= requests,
+            "{requests} requests in {batches} batches: hardly batched"
+        );
+    }
+}
+
+/// Sixteen tasks fight over one resource with acquire, renew and release. Whoever is granted
+/// it finds itself the holder (inspect, and renew and release with its fence succeed), so
+/// there were never two; whoever is refused can neither renew nor release it; and each fence
+/// granted is above the fence of every lease released before.
+async fn contention_on_one_resource_never_gives_two_holders(kind: StoreKind) {
+    const RESOURCE: &str = "contended";
+    let app = TestApp::spawn(kind).await;
+    let released = Arc::new(AtomicI64::new(0));
+    let grants = Arc::new(Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..16)
+        .map(|task| {
+            let (store, released, grants) = (app.store.clone(), released.clone(), grants.clone());
+            tokio::spawn(async move {
+                let me = format!("owner-{task}");
+                for _ in 0..25 {
+                    contend(&store, RESOURCE, &me, &released, &grants).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let grants = grants.lock().unwrap().clone();
+    assert!(!grants.is_empty(), "nobody was ever granted the resource");
+    assert_eq!(
+        grants.iter().collect::<HashSet<_>>().len(),
+        grants.len(),
+        "a fence was granted twice: {grants:?}"
+    );
+    assert!(
+        app.store
+            .inspect(&ResourceName::parse(RESOURCE).unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+async fn contend(
+    store: &SharedStore,
+    resource: &str,
+    me: &str,
+    released: &AtomicI64,
+    grants: &Mutex<Vec<i64>>,
+) {
+    match store.acquire(&acquire(resource, me), in_time()).await {
+        Ok(AcquireOutcome::Acquired { lease, how }) => {
+            // Every holder releases before its task goes on: no row is left to reacquire or
+            // take over.
+            assert_eq!(how, Acquisition::Fresh);
+            let fence = lease.fence;
+            let before = released.load(Ordering::SeqCst);
+            assert!(
+                fence.get() > before,
+                "fence {fence} after released {before}"
+            );
+            let seen = store
+                .inspect(&lease.resource)
+                .await
+                .unwrap()
+                .expect("the holder's lease is live");
+            assert_eq!((seen.owner.as_str(), seen.fence), (me, fence));
+            match store
+                .renew(&renew(resource, me, Some(fence)), in_time())
+                .await
+            {
+                Ok(RenewOutcome::Renewed(lease)) => assert_eq!(lease.fence, fence),
+                other => panic!("{me} holds {fence} but could not renew: {other:?}"),
+            }
+            match store
+                .release(&release(resource, me, Some(fence)), in_time())
+                .await
+            {
+                Ok(ReleaseOutcome::Released { fence: gone, .. }) => assert_eq!(gone, fence),
+                other => panic!("{me} holds {fence} but could not release: {other:?}"),
+            }
+            released.fetch_max(fence.get(), Ordering::SeqCst);
+            grants.lock().unwrap().push(fence.get());
+        }
+        Ok(AcquireOutcome::Held) => {
+            let renewed = store.renew(&renew(resource, me, None), in_time()).await;
+            assert!(
+                !matches!(renewed, Ok(RenewOutcome::Renewed(_))),
+                "{me} renewed a lease it was refused: {renewed:?}"
+            );
+            let gone = store.release(&release(resource, me, None), in_time()).await;
+            assert!(
+                !matches!(gone, Ok(ReleaseOutcome::Released { .. })),
+                "{me} released a lease it was refused: {gone:?}"
+            );
+        }
+        other => panic!("unexpected answer: {other:?}"),
+    }
+}
+
+/// Twenty acquisitions at once under a token with `max_leases = 3` (decided alone, each under
+/// the token's lock) get exactly three leases, while twenty under a token without a quota
+/// (batched) all get theirs; the batched leases count towards their token's quota.
+async fn quotas_hold_under_concurrency(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let store = &app.store;
+    let limited = join_all((0..20).map(|i| async move {
+        let req = acquire_with_token(&format!("limited-{i}"), "limited", Some(3));
+        store.acquire(&req, in_time()).await
+    }));
+    let free = join_all((0..20).map(|i| async move {
+        let req = acquire_with_token(&format!("free-{i}"), "free", None);
+        store.acquire(&req, in_time()).await
+    }));
+    let (limited, free) = tokio::join!(limited, free);
+    let mut granted_under_quota = 0;
+    for outcome in limited {
+        match outcome.unwrap() {
+            AcquireOutcome::Acquired { .. } => granted_under_quota += 1,
+            AcquireOutcome::QuotaExceeded { max_leases } => assert_eq!(max_leases, 3),
+            AcquireOutcome::Held => panic!("a free resource was held"),
+        }
+    }
+    assert_eq!(granted_under_quota, 3);
+    for outcome in free {
+        granted(outcome);
+    }
+    let over = store
+        .acquire(&acquire_with_token("free-20", "free", Some(20)), in_time())
+        .await
+        .unwrap();
+    assert_eq!(over, AcquireOutcome::QuotaExceeded { max_leases: 20 });
+    granted(
+        store
+            .acquire(&acquire_with_token("free-20", "free", Some(21)), in_time())
+            .await,
+    );
+}
+
+contract_stores!(
+    concurrent_acquisitions_get_distinct_increasing_fences,
+    contention_on_one_resource_never_gives_two_holders,
+    quotas_hold_under_concurrency,
+);
+
+/// Futures whose requests are queued now (each is polled once), to be awaited together
+/// later.
+async fn queued<F: Future>(futures: impl IntoIterator<Item = F>) -> Pin<Box<JoinAll<F>>> {
+    let mut all = Box::pin(join_all(futures));
+    std::future::poll_fn(|cx| {
+        assert!(all.as_mut().poll(cx).is_pending(), "answered before queued");
+        Poll::Ready(())
+    })
+    .await;
+    all
+}
+
+/// Both committers of a PostgreSQL store, each waiting for a row lock that another session
+/// holds, so that requests queue behind them.
+struct HeldCommitters {
+    locks: Vec<RowLock>,
+    waiting: Vec<tokio::task::JoinHandle<Result<AcquireOutcome, StoreError>>>,
+}
+
+impl HeldCommitters {
+    async fn hold(app: &TestApp) -> Self {
+        let mut held = Self {
+            locks: Vec::new(),
+            waiting: Vec::new(),
+        };
+        for i in 0..2 {
+            let gate = format!("gate-{i}");
+            granted(
+                app.store
+                    .acquire(&acquire(&gate, "gatekeeper"), in_time())
+                    .await,
+            );
+            let lock = RowLock::take(&app.db, &gate).await;
+            let store = app.store.clone();
+            held.waiting.push(tokio::spawn(async move {
+                store
+                    .acquire(&acquire(&gate, "gatekeeper"), in_time())
+                    .await
+            }));
+            wait_for_waiters(&lock, i + 1).await;
+            held.locks.push(lock);
+        }
+        held
+    }
+
+    /// Lets both committers go; their requests are granted.
+    async fn release(self) {
+        for lock in self.locks {
+            lock.release().await;
+        }
+        for waiting in self.waiting {
+            let (_, how) = granted(waiting.await.unwrap());
+            assert_eq!(how, Acquisition::Reacquired);
+        }
+    }
+}
+
+/// Waits until `count` sessions of the database wait for a lock.
+async fn wait_for_waiters(lock: &RowLock, count: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lock.waiters().await < count {
+        assert!(Instant::now() < deadline, "nothing waits for the row lock");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// In one batch, a request whose deadline passes while the batch waits for its row is
+/// answered "too late" and changes nothing, and one whose deadline had passed before the
+/// batch was sent is not sent; the others in the batch are granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_request_in_a_batch_fails_alone() {
+    let app = TestApp::spawn(StoreKind::Postgres).await;
+    let (before, _) = granted(app.store.acquire(&acquire("x", "w"), in_time()).await);
+    let x = RowLock::take(&app.db, "x").await;
+    let committers = HeldCommitters::hold(&app).await;
+
+    let late = Deadline::after(Duration::from_millis(600));
+    let store = &app.store;
+    let others = queued((0..5).map(|i| async move {
+        let req = acquire(&format!("a-{i}"), "o");
+        store.acquire(&req, in_time()).await
+    }))
+    .await;
+    let reacquire_x = acquire("x", "w");
+    let expired = acquire("passed", "o");
+    let refused = queued([
+        store.acquire(&reacquire_x, late),
+        store.acquire(&expired, Deadline::after(Duration::ZERO)),
+    ])
+    .await;
+    committers.release().await;
+
+    // The batch now waits for x's row (sorted last in it); x's deadline passes meanwhile.
+    // (On a machine too slow for that, x is refused before it is sent, or once the batch
+    // gives up waiting and x is decided alone: the same answers.)
+    tokio::time::sleep_until(tokio::time::Instant::from_std(late.instant())).await;
+    x.release().await;
+
+    for outcome in others.await {
+        granted(outcome);
+    }
+    for outcome in refused.await {
+        assert_too_late(outcome);
+    }
+    assert_eq!(app.fence_of("x").await, before, "x changed");
+    assert_eq!(app.db.rows("passed").await, 0);
+    let metrics = app.metrics().await;
+    assert_eq!(
+        batches_between(&metrics, "4", "8"),
+        1.0,
+        "the five and x were not one batch"
+    );
+}
+
+/// A batch the database refuses (here: it waits too long for a row lock held from outside)
+/// commits nothing, and its requests are then decided alone: the others are granted while
+/// the row is still locked, and the request for that row is granted once it is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_batch_is_decided_request_by_request() {
+    let app = TestApp::spawn(StoreKind::Postgres).await;
+    let (before, _) = granted(app.store.acquire(&acquire("x", "w"), in_time()).await);
+    let x = RowLock::take(&app.db, "x").await;
+    let committers = HeldCommitters::hold(&app).await;
+
+    let store = &app.store;
+    let others = queued((0..5).map(|i| async move {
+        let req = acquire(&format!("a-{i}"), "o");
+        store.acquire(&req, in_time()).await
+    }))
+    .await;
+    let reacquire_x = acquire("x", "w");
+    let mut blocked = queued([store.acquire(&reacquire_x, in_time())]).await;
+    committers.release().await;
+
+    // Only possible if the batch was rolled back: in it, the five would commit with x.
+    let others = tokio::time::timeout(Duration::from_secs(10), others)
+        .await
+        .expect("the others were answered while x's row was locked");
+    for outcome in others {
+        granted(outcome);
+    }
+    std::future::poll_fn(|cx| {
+        assert!(
+            blocked.as_mut().poll(cx).is_pending(),
+            "x was decided while its row was locked"
+        );
+        Poll::Ready(())
+    })
+    .await;
+    x.release().await;
+    let (fence, how) = granted(blocked.await.pop().unwrap());
+    assert_eq!(how, Acquisition::Reacquired);
+    assert!(fence > before);
+    let metrics = app.metrics().await;
+    assert_eq!(
+        batches_between(&metrics, "4", "8"),
+        1.0,
+        "the five and x were not one batch"
+    );
+    assert_eq!(
+        metrics.value("fencelock_store_batches_refused_total", &[]),
+        1.0
+    );
+}
+
+/// Thirty-two tasks acquire and release five hot resources, in every order: batches running
+/// at the same time keep meeting on the same rows, and since each takes its rows in resource
+/// order, none ever deadlocks (a deadlock would make the database refuse a batch). Every
+/// grant gets a fence of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_on_hot_resources_never_deadlock() {
+    let app = TestApp::spawn(StoreKind::Postgres).await;
+    let tasks: Vec<_> = (0..32)
+        .map(|task| {
+            let store = app.store.clone();
+            tokio::spawn(async move {
+                let me = format!("owner-{task}");
+                let mut fences = Vec::new();
+                for i in 0..30 {
+                    let resource = format!("hot-{}", (task * 7 + i * 3) % 5);
+                    if let Ok(AcquireOutcome::Acquired { lease, .. }) =
+                        store.acquire(&acquire(&resource, &me), in_time()).await
+                    {
+                        fences.push(lease.fence.get());
+                        let gone = store
+                            .release(&release(&resource, &me, Some(lease.fence)), in_time())
+                            .await;
+                        assert!(
+                            matches!(gone, Ok(ReleaseOutcome::Released { .. })),
+                            "{gone:?}"
+                        );
+                    }
+                }
+                fences
+            })
+        })
+        .collect();
+    let mut fences = Vec::new();
+    for task in tasks {
+        fences.extend(task.await.unwrap());
+    }
+    assert!(fences.len() >= 5, "hardly any grant: {fences:?}");
+    assert_eq!(fences.iter().collect::<HashSet<_>>().len(), fences.len());
+    let metrics = app.metrics().await;
+    assert_eq!(
+        metrics.value("fencelock_store_batches_refused_total", &[]),
+        0.0
+    );
+    let (requests, batches) = (
+        metrics.value("fencelock_store_batch_size_sum", &[]),
+        metrics.value("fencelock_store_batch_size_count", &[]),
+    );
+    assert!(
+        requests > batches,
+        "{requests} requests in {batches} batches"
+    );
+}
+
+/// With `--pg-batch-max 1` every request is a statement of its own: answered the same, and no
+/// batch is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_of_one_are_single_statements() {
+    let db = crate::helpers::TestDb::new(StoreKind::Postgres).await;
+    let app = TestApp::spawn_on(db, |s| s.pg_batch_max = 1).await;
+    let store = &app.store;
+    let outcomes = join_all((0..20).map(|i| async move {
+        let req = acquire(&format!("r-{i}"), "o");
+        store.acquire(&req, in_time()).await
+    }))
+    .await;
+    for outcome in outcomes {
+        granted(outcome);
+    }
+    let (fence, _) = granted(store.acquire(&acquire("r-0", "o"), in_time()).await);
+    let fence = Fence::new(fence).unwrap();
+    assert!(matches!(
+        store
+            .renew(&renew("r-0", "o", Some(fence)), in_time())
+            .await,
+        Ok(RenewOutcome::Renewed(_))
+    ));
+    assert!(matches!(
+        store
+            .release(&release("r-0", "o", Some(fence)), in_time())
+            .await,
+        Ok(ReleaseOutcome::Released { .. })
+    ));
+    let metrics = app.metrics().await;
+    assert_eq!(metrics.value("fencelock_store_batch_size_count", &[]), 0.0);
+}
