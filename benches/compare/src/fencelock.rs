@@ -13,6 +13,7 @@ use crate::process::{Proc, free_port};
 use crate::storage::Store;
 
 /// The `fencelock` executable the runs use.
+#[derive(Clone)]
 pub struct Binary {
     pub path: PathBuf,
     /// How it came to be: built here as a release build, or given.
