@@ -79,13 +79,13 @@ pub struct IdleFigure {
 pub struct Outcome {
     pub settings: Settings,
     pub machine: Machine,
-    pub binary_path: PathBuf,
-    pub binary_provenance: String,
-    pub binary_version: String,
+    /// The disk's fdatasync rate, which bounds what the syncing stores can do.
+    pub sync: Option<Result<SyncRate, String>>,
+    pub binary: Binary,
+    /// What PostgreSQL and the references are; `None` where not installed or not used.
     pub postgres: Option<String>,
     pub pgbench: Option<String>,
     pub redis: Option<String>,
-    pub sync: Option<Result<SyncRate, String>>,
     /// Setup steps worth telling (loading time, sides skipped).
     pub notes: Vec<String>,
     pub rows: Vec<Row>,
@@ -277,13 +277,11 @@ pub async fn run(
     Ok(Outcome {
         settings: settings.clone(),
         machine: Machine::read(),
-        binary_path: binary.path.clone(),
-        binary_provenance: binary.provenance.clone(),
-        binary_version: binary.version.clone(),
+        sync,
+        binary: binary.clone(),
         postgres,
         pgbench: pgbench.map(|p| p.version.clone()),
         redis: redis.map(|r| r.version),
-        sync,
         notes,
         rows,
         runs,

@@ -13,6 +13,7 @@ use crate::process::{Proc, free_port};
 use crate::storage::Store;
 
 /// The `fencelock` executable the runs use.
+#[derive(Clone)]
 pub struct Binary {
     pub path: PathBuf,
     /// How it came to be: built here as a release build, or given.
@@ -110,28 +111,20 @@ impl Binary {
             .arg("serve")
             .arg("--bind")
             .arg(format!("127.0.0.1:{port}"));
-        let mut process = Proc::spawn(command, "fencelock serve", log)?;
-        let until = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = process.exited() {
-                bail!(
-                    "the server exited during start-up ({status}):\n{}",
-                    process.log_tail(20)
-                );
-            }
-            if let Ok(status) = get_status(port, "/readyz").await
-                && status.is_success()
-            {
-                return Ok(Server { process, port });
-            }
-            if Instant::now() > until {
-                bail!(
-                    "the server was not ready within 60 s:\n{}",
-                    process.log_tail(20)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        let ready = || async move {
+            get_status(port, "/readyz")
+                .await
+                .is_ok_and(|status| status.is_success())
+        };
+        let process = Proc::start(
+            command,
+            "fencelock serve",
+            log,
+            Duration::from_secs(60),
+            ready,
+        )
+        .await?;
+        Ok(Server { process, port })
     }
 }
 

@@ -114,44 +114,51 @@ pub const BUSY: usize = 16;
 
 /// The rows, in the order they run; `only` keeps one block.
 pub fn rows(only: Option<Block>) -> Vec<Row> {
-    use Side::{Fencelock, Pgbench, Redis};
     use StoreKey::{Postgres, PostgresLoaded, Sqlite, SqliteLoaded};
     let mut rows = Vec::new();
     if only.is_none_or(|b| b == Block::Postgres) {
-        for connections in CONNECTIONS {
-            let mut sides = vec![Fencelock(Postgres), Pgbench];
-            if connections == BUSY {
-                sides.push(Fencelock(PostgresLoaded));
-            }
-            rows.push(Row {
-                block: Block::Postgres,
-                pattern: Pattern::Cycles,
-                connections,
-                sides,
-            });
-        }
+        rows.extend(cycle_rows(
+            Block::Postgres,
+            (Postgres, PostgresLoaded),
+            Side::Pgbench,
+        ));
         rows.push(Row {
             block: Block::Postgres,
             pattern: Pattern::Hot,
             connections: BUSY,
-            sides: vec![Fencelock(Postgres), Pgbench],
+            sides: vec![Side::Fencelock(Postgres), Side::Pgbench],
         });
     }
     if only.is_none_or(|b| b == Block::Sqlite) {
-        for connections in CONNECTIONS {
-            let mut sides = vec![Fencelock(Sqlite), Redis];
-            if connections == BUSY {
-                sides.push(Fencelock(SqliteLoaded));
-            }
-            rows.push(Row {
-                block: Block::Sqlite,
-                pattern: Pattern::Cycles,
-                connections,
-                sides,
-            });
-        }
+        rows.extend(cycle_rows(
+            Block::Sqlite,
+            (Sqlite, SqliteLoaded),
+            Side::Redis,
+        ));
     }
     rows
+}
+
+/// A block's cycle rows, one per connection count: the store (empty, then `loaded` with live
+/// leases) against its `reference`; the loaded store runs only at `BUSY`, where the
+/// many-leases comparison is made.
+fn cycle_rows(
+    block: Block,
+    (empty, loaded): (StoreKey, StoreKey),
+    reference: Side,
+) -> impl Iterator<Item = Row> {
+    CONNECTIONS.into_iter().map(move |connections| {
+        let mut sides = vec![Side::Fencelock(empty), reference];
+        if connections == BUSY {
+            sides.push(Side::Fencelock(loaded));
+        }
+        Row {
+            block,
+            pattern: Pattern::Cycles,
+            connections,
+            sides,
+        }
+    })
 }
 
 #[cfg(test)]

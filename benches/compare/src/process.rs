@@ -47,6 +47,39 @@ impl Proc {
         })
     }
 
+    /// Starts `command` as [`spawn`](Self::spawn) does, then asks `ready` every 25 ms until
+    /// it answers `true`; fails with the end of the log if the process exits first or is not
+    /// ready within `limit`.
+    pub async fn start<F: Future<Output = bool>>(
+        command: Command,
+        name: &str,
+        log: &Path,
+        limit: Duration,
+        mut ready: impl FnMut() -> F,
+    ) -> anyhow::Result<Self> {
+        let mut process = Self::spawn(command, name, log)?;
+        let until = Instant::now() + limit;
+        loop {
+            if let Some(status) = process.exited() {
+                bail!(
+                    "{name} exited during start-up ({status}):\n{}",
+                    process.log_tail(20)
+                );
+            }
+            if ready().await {
+                return Ok(process);
+            }
+            if Instant::now() > until {
+                bail!(
+                    "{name} was not ready within {} s:\n{}",
+                    limit.as_secs(),
+                    process.log_tail(20)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

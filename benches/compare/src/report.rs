@@ -37,9 +37,9 @@ fn header(out: &mut String, o: &Outcome) {
             "server",
             format!(
                 "{} ({}; {})",
-                o.binary_path.display(),
-                o.binary_version,
-                o.binary_provenance
+                o.binary.path.display(),
+                o.binary.version,
+                o.binary.provenance
             ),
         ),
     ];
@@ -199,95 +199,160 @@ impl Summary<'_> {
             .collect()
     }
 
-    /// `a` against `b` on `value`: medians of the rounds, and the ratio of medians with the
-    /// range of the per-round ratios.
+    /// A line of the summary: `a` against `b` in row `row` (none: not measured) on `figure`.
     fn compare(
         &mut self,
         what: String,
         row: Option<usize>,
         (a, b): (Side, Side),
-        value: impl Fn(&Figures) -> Option<f64>,
-        unit: &str,
+        figure: Figure,
         target: Option<Target>,
     ) {
         let (fa, fb) = row.map_or((Vec::new(), Vec::new()), |r| {
             (self.figures(r, a), self.figures(r, b))
         });
-        let va: Vec<f64> = fa.iter().filter_map(|(_, f)| value(f)).collect();
-        let vb: Vec<f64> = fb.iter().filter_map(|(_, f)| value(f)).collect();
-        let (ma, mb) = (median(&va), median(&vb));
-        let ratio = ma.zip(mb).map(|(a, b)| a / b);
-        let paired: Vec<f64> = fa
-            .iter()
-            .filter_map(|(round, f)| {
-                let (_, g) = fb.iter().find(|(r, _)| r == round)?;
-                Some(value(f)? / value(g)?)
-            })
-            .collect();
-        let ratio_cell = match (ratio, range(&paired)) {
-            (Some(r), Some((lo, hi))) if paired.len() > 1 => {
-                format!("{r:.2} ({lo:.2}-{hi:.2})")
-            }
-            (Some(r), _) => format!("{r:.2}"),
-            (None, _) => "-".into(),
+        let cells = match figure {
+            Figure::Rate(_) => rates(&fa, &fb, target),
+            Figure::Latency => latencies(&fa, &fb, target),
         };
-        self.table.push(vec![
-            what,
-            with_range(ma, &va, unit),
-            with_range(mb, &vb, unit),
-            ratio_cell,
-            target.map_or(String::new(), |t| t.judge(ratio, "")),
-        ]);
+        let mut line = vec![what];
+        line.extend(cells);
+        self.table.push(line);
     }
+}
 
-    /// p50 and p99 of `a` against `b`, as "p50 / p99" cells; the target is on p99.
-    fn latencies(
-        &mut self,
-        what: String,
-        row: Option<usize>,
-        (a, b): (Side, Side),
-        target: Option<Target>,
-    ) {
-        let (fa, fb) = row.map_or((Vec::new(), Vec::new()), |r| {
-            (self.figures(r, a), self.figures(r, b))
-        });
-        let pick = |fs: &[(u32, &Figures)], p99: bool| {
-            let v: Vec<f64> = fs
-                .iter()
-                .filter_map(|(_, f)| f.latency.map(|l| if p99 { l.p99_ms } else { l.p50_ms }))
-                .collect();
-            median(&v)
-        };
-        let (a50, a99, b50, b99) = (
-            pick(&fa, false),
-            pick(&fa, true),
-            pick(&fb, false),
-            pick(&fb, true),
-        );
-        let cell = |p50: Option<f64>, p99: Option<f64>, of: Option<LatencyOf>| match (p50, p99) {
-            (Some(p50), Some(p99)) => format!(
-                "{p50:.2} / {p99:.2} ms per {}",
-                match of {
-                    Some(LatencyOf::Cycle) => "cycle",
-                    _ => "request",
-                }
-            ),
+/// The runs of one side, each with its round.
+type Rounds<'a> = [(u32, &'a Figures)];
+
+/// The rates of `a` and `b` (medians of the rounds), the ratio of medians with the range of
+/// the per-round ratios, and the target.
+fn rates(fa: &Rounds<'_>, fb: &Rounds<'_>, target: Option<Target>) -> [String; 4] {
+    let va: Vec<f64> = fa.iter().map(|(_, f)| f.rate).collect();
+    let vb: Vec<f64> = fb.iter().map(|(_, f)| f.rate).collect();
+    let (ma, mb) = (median(&va), median(&vb));
+    let ratio = ma.zip(mb).map(|(a, b)| a / b);
+    let paired: Vec<f64> = fa
+        .iter()
+        .filter_map(|(round, f)| {
+            let (_, g) = fb.iter().find(|(r, _)| r == round)?;
+            Some(f.rate / g.rate)
+        })
+        .collect();
+    let ratio_cell = match (ratio, range(&paired)) {
+        (Some(r), Some((lo, hi))) if paired.len() > 1 => {
+            format!("{r:.2} ({lo:.2}-{hi:.2})")
+        }
+        (Some(r), _) => format!("{r:.2}"),
+        (None, _) => "-".into(),
+    };
+    [
+        with_range(ma, &va),
+        with_range(mb, &vb),
+        ratio_cell,
+        target.map_or(String::new(), |t| t.judge(ratio, "")),
+    ]
+}
+
+/// p50 and p99 of `a` and `b` as "p50 / p99" cells, their ratios, and the target, which is
+/// on p99.
+fn latencies(fa: &Rounds<'_>, fb: &Rounds<'_>, target: Option<Target>) -> [String; 4] {
+    let pick = |fs: &Rounds<'_>, p99: bool| {
+        let v: Vec<f64> = fs
+            .iter()
+            .filter_map(|(_, f)| f.latency.map(|l| if p99 { l.p99_ms } else { l.p50_ms }))
+            .collect();
+        median(&v)
+    };
+    let (a50, a99, b50, b99) = (
+        pick(fa, false),
+        pick(fa, true),
+        pick(fb, false),
+        pick(fb, true),
+    );
+    let cell = |p50: Option<f64>, p99: Option<f64>, of: Option<LatencyOf>| match (p50, p99) {
+        (Some(p50), Some(p99)) => format!(
+            "{p50:.2} / {p99:.2} ms per {}",
+            match of {
+                Some(LatencyOf::Cycle) => "cycle",
+                _ => "request",
+            }
+        ),
+        _ => "-".into(),
+    };
+    let of = |fs: &Rounds<'_>| fs.first().map(|(_, f)| f.latency_of);
+    let r50 = a50.zip(b50).map(|(a, b)| a / b);
+    let r99 = a99.zip(b99).map(|(a, b)| a / b);
+    [
+        cell(a50, a99, of(fa)),
+        cell(b50, b99, of(fb)),
+        match (r50, r99) {
+            (Some(r50), Some(r99)) => format!("{r50:.2} / {r99:.2}"),
             _ => "-".into(),
-        };
-        let of = |fs: &[(u32, &Figures)]| fs.first().map(|(_, f)| f.latency_of);
-        let r50 = a50.zip(b50).map(|(a, b)| a / b);
-        let r99 = a99.zip(b99).map(|(a, b)| a / b);
-        self.table.push(vec![
-            what,
-            cell(a50, a99, of(&fa)),
-            cell(b50, b99, of(&fb)),
-            match (r50, r99) {
-                (Some(r50), Some(r99)) => format!("{r50:.2} / {r99:.2}"),
-                _ => "-".into(),
-            },
-            target.map_or(String::new(), |t| format!("p99 {}", t.judge(r99, ""))),
-        ]);
+        },
+        target.map_or(String::new(), |t| format!("p99 {}", t.judge(r99, ""))),
+    ]
+}
+
+/// What a comparison of the summary is made on.
+#[derive(Clone, Copy)]
+enum Figure {
+    /// Runs per second, named as printed (cycles, or won acquisitions on hot resources).
+    Rate(&'static str),
+    /// p50 and p99 latency; a target is on p99.
+    Latency,
+}
+
+impl Figure {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Rate(name) => name,
+            Self::Latency => "latency",
+        }
     }
+}
+
+/// Lines of the summary, as `(what, block, pattern, sides, figure, counts, target)`: at each
+/// connection count of `counts`, the plan row of `block` and `pattern` there, its `sides`
+/// compared (first / second) on `figure`, held to what `target` gives for that count.
+type Comparison = (
+    String,
+    Block,
+    Pattern,
+    (Side, Side),
+    Figure,
+    &'static [usize],
+    fn(usize) -> Option<Target>,
+);
+
+/// The summary's lines, in the order printed: each store against its reference (the rate at
+/// each connection count, then the latency), then each store holding `leases` live leases
+/// against itself empty. A table, laid out by hand.
+#[rustfmt::skip]
+fn comparisons(leases: &str) -> [Comparison; 8] {
+    use Block::{Postgres, Sqlite};
+    use Figure::{Latency, Rate};
+    use Pattern::{Cycles, Hot};
+    use Side::{Fencelock, Pgbench, Redis};
+    use StoreKey::{PostgresLoaded, SqliteLoaded};
+    use Target::{AtLeast, AtMost};
+    let (pg, sqlite) = (Fencelock(StoreKey::Postgres), Fencelock(StoreKey::Sqlite));
+    let (pg_full, sqlite_full) = (Fencelock(PostgresLoaded), Fencelock(SqliteLoaded));
+    let script_a = || "PostgreSQL store vs pgbench script A".to_owned();
+    let script_b = || "PostgreSQL store vs pgbench script B, 10 hot resources".to_owned();
+    let redis = || "SQLite store vs Redis appendfsync always".to_owned();
+    let full = |store: &str| format!("{store} store with {leases} live leases vs empty");
+    let (each, busy): (&[usize], &[usize]) = (&CONNECTIONS, &[BUSY]);
+    let cycles = Rate("cycles/s");
+    [
+        (script_a(), Postgres, Cycles, (pg, Pgbench), cycles, each, |c| Some(AtLeast(if c == 1 { 0.8 } else { 1.0 }))),
+        (script_a(), Postgres, Cycles, (pg, Pgbench), Latency, each, |c| (c == BUSY).then_some(AtMost(1.5))),
+        (script_b(), Postgres, Hot, (pg, Pgbench), Rate("won acquisitions/s"), busy, |_| Some(AtLeast(1.0))),
+        (script_b(), Postgres, Hot, (pg, Pgbench), Latency, busy, |_| None),
+        (redis(), Sqlite, Cycles, (sqlite, Redis), cycles, each, |c| (c != 1).then_some(AtLeast(0.8))),
+        (redis(), Sqlite, Cycles, (sqlite, Redis), Latency, each, |_| None),
+        (full("SQLite"), Sqlite, Cycles, (sqlite_full, sqlite), cycles, busy, |_| Some(AtLeast(0.9))),
+        (full("PostgreSQL"), Postgres, Cycles, (pg_full, pg), cycles, busy, |_| None),
+    ]
 }
 
 fn summary(out: &mut String, o: &Outcome) {
@@ -299,92 +364,16 @@ fn summary(out: &mut String, o: &Outcome) {
         o,
         table: Table::new(&["what", "fencelock", "reference", "ratio", "target"]),
     };
-    let leases = count(o.settings.live_leases);
-    let pg = Side::Fencelock(StoreKey::Postgres);
-    let sqlite = Side::Fencelock(StoreKey::Sqlite);
-    let rate = |f: &Figures| Some(f.rate);
-
-    if o.settings.only != Some(Block::Sqlite) {
-        for c in CONNECTIONS {
-            let row = s.row_index(Block::Postgres, Pattern::Cycles, c);
-            let target = Target::AtLeast(if c == 1 { 0.8 } else { 1.0 });
-            s.compare(
-                format!("PostgreSQL store vs pgbench script A, {c} conn: cycles/s"),
-                row,
-                (pg, Side::Pgbench),
-                rate,
-                "",
-                Some(target),
-            );
+    let comparisons = comparisons(&count(o.settings.live_leases));
+    for (what, block, pattern, sides, figure, counts, target) in comparisons {
+        if o.settings.only.is_some_and(|b| b != block) {
+            continue;
         }
-        for c in CONNECTIONS {
-            let row = s.row_index(Block::Postgres, Pattern::Cycles, c);
-            s.latencies(
-                format!("PostgreSQL store vs pgbench script A, {c} conn: latency"),
-                row,
-                (pg, Side::Pgbench),
-                (c == BUSY).then_some(Target::AtMost(1.5)),
-            );
+        for &c in counts {
+            let row = s.row_index(block, pattern, c);
+            let label = format!("{what}, {c} conn: {}", figure.name());
+            s.compare(label, row, sides, figure, target(c));
         }
-        let row = s.row_index(Block::Postgres, Pattern::Hot, BUSY);
-        s.compare(
-            format!("PostgreSQL store vs pgbench script B, 10 hot resources, {BUSY} conn: won acquisitions/s"),
-            row,
-            (pg, Side::Pgbench),
-            rate,
-            "",
-            Some(Target::AtLeast(1.0)),
-        );
-        s.latencies(
-            format!("PostgreSQL store vs pgbench script B, 10 hot resources, {BUSY} conn: latency"),
-            row,
-            (pg, Side::Pgbench),
-            None,
-        );
-    }
-    if o.settings.only != Some(Block::Postgres) {
-        for c in CONNECTIONS {
-            let row = s.row_index(Block::Sqlite, Pattern::Cycles, c);
-            s.compare(
-                format!("SQLite store vs Redis appendfsync always, {c} conn: cycles/s"),
-                row,
-                (sqlite, Side::Redis),
-                rate,
-                "",
-                (c != 1).then_some(Target::AtLeast(0.8)),
-            );
-        }
-        for c in CONNECTIONS {
-            let row = s.row_index(Block::Sqlite, Pattern::Cycles, c);
-            s.latencies(
-                format!("SQLite store vs Redis appendfsync always, {c} conn: latency"),
-                row,
-                (sqlite, Side::Redis),
-                None,
-            );
-        }
-    }
-    if o.settings.only != Some(Block::Postgres) {
-        let row = s.row_index(Block::Sqlite, Pattern::Cycles, BUSY);
-        s.compare(
-            format!("SQLite store with {leases} live leases vs empty, {BUSY} conn: cycles/s"),
-            row,
-            (Side::Fencelock(StoreKey::SqliteLoaded), sqlite),
-            rate,
-            "",
-            Some(Target::AtLeast(0.9)),
-        );
-    }
-    if o.settings.only != Some(Block::Sqlite) {
-        let row = s.row_index(Block::Postgres, Pattern::Cycles, BUSY);
-        s.compare(
-            format!("PostgreSQL store with {leases} live leases vs empty, {BUSY} conn: cycles/s"),
-            row,
-            (Side::Fencelock(StoreKey::PostgresLoaded), pg),
-            rate,
-            "",
-            None,
-        );
     }
     for (block, key) in [
         (Block::Postgres, StoreKey::Postgres),
@@ -482,17 +471,12 @@ fn thousands(v: f64) -> String {
 }
 
 /// A median with the range of the rounds it came from.
-fn with_range(m: Option<f64>, values: &[f64], unit: &str) -> String {
+fn with_range(m: Option<f64>, values: &[f64]) -> String {
     match (m, range(values)) {
         (Some(m), Some((lo, hi))) if values.len() > 1 => {
-            format!(
-                "{}{unit} ({}-{})",
-                thousands(m),
-                thousands(lo),
-                thousands(hi)
-            )
+            format!("{} ({}-{})", thousands(m), thousands(lo), thousands(hi))
         }
-        (Some(m), _) => format!("{}{unit}", thousands(m)),
+        (Some(m), _) => thousands(m),
         (None, _) => "-".into(),
     }
 }
@@ -604,6 +588,73 @@ mod tests {
             "<= 50 MB: met"
         );
         assert_eq!(Target::AtMost(1.5).judge(None, ""), "<= 1.5");
+    }
+
+    /// The full plan with nothing measured: the summary's lines and their targets.
+    #[test]
+    fn the_summary_lists_every_comparison_in_order() {
+        let settings = crate::bench::Settings {
+            seconds: 3,
+            rounds: 1,
+            warmup: std::time::Duration::ZERO,
+            live_leases: 1_000_000,
+            idle_connections: 1000,
+            only: None,
+            keep_temp: false,
+        };
+        let o = Outcome {
+            settings,
+            machine: crate::machine::Machine::read(),
+            sync: None,
+            binary: crate::fencelock::Binary {
+                path: "fencelock".into(),
+                provenance: String::new(),
+                version: String::new(),
+            },
+            postgres: None,
+            pgbench: None,
+            redis: None,
+            notes: Vec::new(),
+            rows: crate::plan::rows(None),
+            runs: Vec::new(),
+            idle: Vec::new(),
+            started: std::time::Instant::now(),
+        };
+        let mut out = String::new();
+        summary(&mut out, &o);
+        // Each line's first cell and its target, if it has one.
+        let lines: Vec<String> = out
+            .lines()
+            .skip(3)
+            .map(|line| {
+                let cells: Vec<&str> = line.split("  ").map(str::trim).collect();
+                let target = cells.last().filter(|c| c.contains("= ")).copied();
+                let line = format!("{} | {}", cells[0], target.unwrap_or_default());
+                line.trim_end().to_owned()
+            })
+            .collect();
+        let expected = "\
+PostgreSQL store vs pgbench script A, 1 conn: cycles/s | >= 0.8
+PostgreSQL store vs pgbench script A, 16 conn: cycles/s | >= 1
+PostgreSQL store vs pgbench script A, 64 conn: cycles/s | >= 1
+PostgreSQL store vs pgbench script A, 1 conn: latency |
+PostgreSQL store vs pgbench script A, 16 conn: latency | p99 <= 1.5
+PostgreSQL store vs pgbench script A, 64 conn: latency |
+PostgreSQL store vs pgbench script B, 10 hot resources, 16 conn: won acquisitions/s | >= 1
+PostgreSQL store vs pgbench script B, 10 hot resources, 16 conn: latency |
+SQLite store vs Redis appendfsync always, 1 conn: cycles/s |
+SQLite store vs Redis appendfsync always, 16 conn: cycles/s | >= 0.8
+SQLite store vs Redis appendfsync always, 64 conn: cycles/s | >= 0.8
+SQLite store vs Redis appendfsync always, 1 conn: latency |
+SQLite store vs Redis appendfsync always, 16 conn: latency |
+SQLite store vs Redis appendfsync always, 64 conn: latency |
+SQLite store with 10^6 live leases vs empty, 16 conn: cycles/s | >= 0.9
+PostgreSQL store with 10^6 live leases vs empty, 16 conn: cycles/s |
+PostgreSQL store: server peak RSS after the 64-connection runs | <= 50 MB
+PostgreSQL store: server peak RSS with 1000 idle connections | <= 50 MB
+SQLite store: server peak RSS after the 64-connection runs | <= 50 MB
+SQLite store: server peak RSS with 1000 idle connections | <= 50 MB";
+        assert_eq!(lines, expected.lines().collect::<Vec<_>>());
     }
 
     #[test]

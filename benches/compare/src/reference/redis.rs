@@ -4,9 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
-
-use anyhow::bail;
+use std::time::Duration;
 
 use crate::load::redis::connect;
 use crate::process::{Proc, free_port};
@@ -36,30 +34,17 @@ impl RedisProgram {
             .args(["--appendonly", "yes", "--appendfsync", "always"])
             .args(["--save", ""])
             .args(["--daemonize", "no", "--logfile", ""]);
-        let mut process = Proc::spawn(command, "redis-server", log)?;
-        let until = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = process.exited() {
-                bail!(
-                    "redis-server exited during start-up ({status}):\n{}",
-                    process.log_tail(20)
-                );
-            }
-            if let Ok(mut connection) = connect(port).await {
-                let pong: redis::RedisResult<String> =
-                    redis::cmd("PING").query_async(&mut connection).await;
-                if pong.is_ok() {
-                    return Ok(RedisServer { process, port });
-                }
-            }
-            if Instant::now() > until {
-                bail!(
-                    "redis-server did not answer within 30 s:\n{}",
-                    process.log_tail(20)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        let ready = || async move {
+            let Ok(mut connection) = connect(port).await else {
+                return false;
+            };
+            let pong: redis::RedisResult<String> =
+                redis::cmd("PING").query_async(&mut connection).await;
+            pong.is_ok()
+        };
+        let process =
+            Proc::start(command, "redis-server", log, Duration::from_secs(30), ready).await?;
+        Ok(RedisServer { process, port })
     }
 }
 
