@@ -337,23 +337,36 @@ async fn wait_for_waiters(lock: &RowLock, count: i64) {
     }
 }
 
+/// The scene of a batch that meets a locked row: `x` acquired by `w` (its fence returned), its
+/// row then locked by another session, and both committers held.
+async fn x_held_and_locked(app: &TestApp) -> (i64, RowLock, HeldCommitters) {
+    let (before, _) = granted(app.store.acquire(&acquire("x", "w"), in_time()).await);
+    let x = RowLock::take(&app.db, "x").await;
+    (before, x, HeldCommitters::hold(app).await)
+}
+
+/// Five acquisitions of resources nobody holds, queued behind the held committers.
+async fn five_others(
+    store: &SharedStore,
+) -> Pin<Box<JoinAll<impl Future<Output = Result<AcquireOutcome, StoreError>> + '_>>> {
+    queued((0..5).map(|i| async move {
+        let req = acquire(&format!("a-{i}"), "o");
+        store.acquire(&req, in_time()).await
+    }))
+    .await
+}
+
 /// In one batch, a request whose deadline passes while the batch waits for its row is
 /// answered "too late" and changes nothing, and one whose deadline had passed before the
 /// batch was sent is not sent; the others in the batch are granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_request_in_a_batch_fails_alone() {
     let app = TestApp::spawn(StoreKind::Postgres).await;
-    let (before, _) = granted(app.store.acquire(&acquire("x", "w"), in_time()).await);
-    let x = RowLock::take(&app.db, "x").await;
-    let committers = HeldCommitters::hold(&app).await;
+    let (before, x, committers) = x_held_and_locked(&app).await;
 
     let late = Deadline::after(Duration::from_millis(600));
     let store = &app.store;
-    let others = queued((0..5).map(|i| async move {
-        let req = acquire(&format!("a-{i}"), "o");
-        store.acquire(&req, in_time()).await
-    }))
-    .await;
+    let others = five_others(store).await;
     let reacquire_x = acquire("x", "w");
     let expired = acquire("passed", "o");
     let refused = queued([
@@ -391,16 +404,10 @@ async fn a_late_request_in_a_batch_fails_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_batch_is_decided_request_by_request() {
     let app = TestApp::spawn(StoreKind::Postgres).await;
-    let (before, _) = granted(app.store.acquire(&acquire("x", "w"), in_time()).await);
-    let x = RowLock::take(&app.db, "x").await;
-    let committers = HeldCommitters::hold(&app).await;
+    let (before, x, committers) = x_held_and_locked(&app).await;
 
     let store = &app.store;
-    let others = queued((0..5).map(|i| async move {
-        let req = acquire(&format!("a-{i}"), "o");
-        store.acquire(&req, in_time()).await
-    }))
-    .await;
+    let others = five_others(store).await;
     let reacquire_x = acquire("x", "w");
     let mut blocked = queued([store.acquire(&reacquire_x, in_time())]).await;
     committers.release().await;
