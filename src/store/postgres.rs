@@ -90,10 +90,18 @@ impl PgConfig {
 /// `statement_timeout`, so an outage is answered with `503` rather than a hang.
 ///
 /// Connections are made on first use, not here.
+///
+/// Sessions also plan without sequential scans. Every statement on the request path finds its
+/// rows through an index, but a plan is cached (a prepared statement's generic plan, or one
+/// inside a PL/pgSQL function) and costed on the table as it was then: planned while the
+/// table was a few pages, a primary-key lookup becomes a sequential scan, and stays one while
+/// the table grows to thousands of pages of live and dead rows. A new deployment would get
+/// slower as it filled up, until autovacuum's next `ANALYZE`. Statements with no usable index
+/// still scan, as the setting only makes sequential scans the last resort.
 pub fn pool(pg: &PgConfig, pool_size: usize, statement_timeout: Duration) -> anyhow::Result<Pool> {
     let mut config = pg.config.clone();
     let options = format!(
-        "{} -c statement_timeout={}",
+        "{} -c statement_timeout={} -c enable_seqscan=off",
         config.get_options().unwrap_or_default(),
         statement_timeout.as_millis()
     );

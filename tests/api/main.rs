@@ -26,6 +26,7 @@ mod metrics;
 mod misconfig;
 mod openapi;
 mod outage;
+mod plans;
 pub mod process;
 mod protocol;
 mod purge;
