@@ -69,8 +69,8 @@ impl Metered {
         std::sync::Arc::new(Self { inner, metrics })
     }
 
-    /// Counts a failure of an operation that has no `op` label of its own (the label values
-    /// of `fencelock_store_seconds` are fixed; see API.md, *Metrics*).
+    /// Counts a failure of an operation that is not timed: a history read has no `op` label
+    /// of its own, and `fencelock_store_seconds` keeps the label values dashboards know.
     async fn counted<T>(
         &self,
         operation: impl Future<Output = Result<T, StoreError>>,
