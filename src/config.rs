@@ -10,6 +10,7 @@
 //! | `--log-format` | `FENCELOCK_LOG_FORMAT` | `text` |
 //! | `--purge-grace-seconds` | `FENCELOCK_PURGE_GRACE_SECONDS` | `3600` |
 //! | `--purge-interval-seconds` | `FENCELOCK_PURGE_INTERVAL_SECONDS` | `60` |
+//! | `--history-retention-seconds` | `FENCELOCK_HISTORY_RETENTION_SECONDS` | `604800` (7 days) |
 //! | `--store-timeout-ms` | `FENCELOCK_STORE_TIMEOUT_MS` | `5000` |
 //! | `--request-timeout-ms` | `FENCELOCK_REQUEST_TIMEOUT_MS` | `10000` |
 //! | `--max-connections` | `FENCELOCK_MAX_CONNECTIONS` | the open-file limit less a reserve |
@@ -58,6 +59,7 @@ use crate::store::{StoreConfig, StoreOptions};
 pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
 pub const DEFAULT_PURGE_GRACE_SECONDS: u64 = 3600;
 pub const DEFAULT_PURGE_INTERVAL_SECONDS: u64 = 60;
+pub const DEFAULT_HISTORY_RETENTION_SECONDS: u64 = 7 * 24 * 3600;
 pub use crate::http::body::DEFAULT_REQUEST_TIMEOUT_MS;
 pub const DEFAULT_LIVE_LEASES_INTERVAL_SECONDS: u64 = 10;
 /// The contract samples live leases at least this often.
@@ -170,6 +172,16 @@ pub struct ServerArgs {
     )]
     pub purge_interval_seconds: u64,
 
+    /// The history of a resource's leases (`GET /locks/{resource}/history`) keeps a lease
+    /// this long after it ended (released, or expired); the purge deletes it afterwards.
+    #[arg(
+        long,
+        env = "FENCELOCK_HISTORY_RETENTION_SECONDS",
+        default_value_t = DEFAULT_HISTORY_RETENTION_SECONDS,
+        global = true
+    )]
+    pub history_retention_seconds: u64,
+
     /// Longest a request waits for the store before answering `503 store-unavailable`.
     #[arg(
         long,
@@ -277,6 +289,8 @@ pub struct Settings {
     pub log_format: LogFormat,
     pub purge_grace: Duration,
     pub purge_interval: Duration,
+    /// How long the history keeps a lease after it ended.
+    pub history_retention: Duration,
     pub store_timeout: Duration,
     pub request_timeout: Duration,
     /// `None`: derived from the open-file limit at start (see `startup`).
@@ -314,6 +328,7 @@ impl Settings {
             log_format: args.log_format,
             purge_grace: Duration::from_secs(args.purge_grace_seconds),
             purge_interval: Duration::from_secs(args.purge_interval_seconds),
+            history_retention: Duration::from_secs(args.history_retention_seconds),
             store_timeout: Duration::from_millis(args.store_timeout_ms),
             request_timeout: Duration::from_millis(args.request_timeout_ms),
             max_connections: args.max_connections,
@@ -351,6 +366,7 @@ impl Settings {
             log_format: LogFormat::Text,
             purge_grace: Duration::from_secs(DEFAULT_PURGE_GRACE_SECONDS),
             purge_interval: Duration::from_secs(DEFAULT_PURGE_INTERVAL_SECONDS),
+            history_retention: Duration::from_secs(DEFAULT_HISTORY_RETENTION_SECONDS),
             store_timeout: Duration::from_millis(DEFAULT_STORE_TIMEOUT_MS),
             request_timeout: Duration::from_millis(DEFAULT_REQUEST_TIMEOUT_MS),
             max_connections: None,

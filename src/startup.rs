@@ -21,7 +21,7 @@ use crate::routes::{self, AppState};
 use crate::store::chore::Chore;
 use crate::store::live::LiveLeases;
 use crate::store::metered::{Metered, StoreMetrics};
-use crate::store::purge::Purge;
+use crate::store::purge::{Keep, Purge};
 use crate::store::{self, SharedStore, StoreConfig};
 
 /// How long in-flight requests may take to finish after a stop was asked for.
@@ -199,7 +199,11 @@ impl Application {
         }
         .run();
 
-        let purge = Purge::start(store.clone(), settings.purge_grace, settings.purge_interval);
+        let keep = Keep {
+            grace: settings.purge_grace,
+            history: settings.history_retention,
+        };
+        let purge = Purge::start(store.clone(), keep, settings.purge_interval);
         let live = LiveLeases::start(store.clone(), live_leases, settings.live_leases_interval);
         Ok(Self {
             port,

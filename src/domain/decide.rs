@@ -11,7 +11,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Acquisition, Fence, Owner, ReleaseOutcome, RenewOutcome};
+use super::{Acquisition, Fence, LockDelay, Owner, ReleaseOutcome, RenewOutcome};
 
 /// The stored lease of a resource, live or expired, as a decision needs it.
 #[derive(Debug, Clone, Copy)]
@@ -19,12 +19,20 @@ pub struct Current<'a> {
     pub owner: &'a str,
     pub fence: Fence,
     pub expires_at: DateTime<Utc>,
+    /// The lock delay the lease was acquired with.
+    pub lock_delay: LockDelay,
 }
 
 impl Current<'_> {
     /// A lease is expired from its expiry instant on: live only while `now < expires_at`.
     pub fn is_live(&self, now: DateTime<Utc>) -> bool {
         now < self.expires_at
+    }
+
+    /// Whether another owner may take the resource at `now`: once the lease has expired and
+    /// its lock delay has passed too (`now >= expires_at + lock_delay`).
+    pub fn is_free_for_others(&self, now: DateTime<Utc>) -> bool {
+        now >= self.lock_delay.free_at(self.expires_at)
     }
 
     fn is_held_by(&self, owner: &Owner) -> bool {
@@ -36,7 +44,7 @@ impl Current<'_> {
 pub enum AcquireVerdict {
     /// Take the lease with a new fence.
     Grant(Acquisition),
-    /// A live lease of another owner: refuse, issue no fence.
+    /// A live lease of another owner, or one inside its lock delay: refuse, issue no fence.
     Held,
 }
 
@@ -44,11 +52,18 @@ pub enum AcquireVerdict {
 /// store's answer for the refusal.
 pub type Decision<Refusal> = Result<(), Refusal>;
 
+/// The lease's own owner may always acquire again (re-acquisition while live, a new lease
+/// after expiry, lock delay or not); another owner only once the lease has expired and its
+/// lock delay has passed.
 pub fn acquire(current: Option<&Current<'_>>, owner: &Owner, now: DateTime<Utc>) -> AcquireVerdict {
     match current {
         None => AcquireVerdict::Grant(Acquisition::Fresh),
-        Some(row) if !row.is_live(now) => AcquireVerdict::Grant(Acquisition::TakenOver),
-        Some(row) if row.is_held_by(owner) => AcquireVerdict::Grant(Acquisition::Reacquired),
+        Some(row) if row.is_held_by(owner) && row.is_live(now) => {
+            AcquireVerdict::Grant(Acquisition::Reacquired)
+        }
+        Some(row) if row.is_held_by(owner) || row.is_free_for_others(now) => {
+            AcquireVerdict::Grant(Acquisition::TakenOver)
+        }
         Some(_) => AcquireVerdict::Held,
     }
 }
@@ -135,6 +150,7 @@ mod tests {
             owner: "a",
             fence: fence(7),
             expires_at: at(1_000),
+            lock_delay: LockDelay::NONE,
         }
     }
 
@@ -178,6 +194,27 @@ mod tests {
             acquire(None, &owner("a"), at(0)),
             AcquireVerdict::Grant(Acquisition::Fresh)
         );
+    }
+
+    #[test]
+    fn a_lock_delay_keeps_others_out_after_expiry_but_not_the_owner() {
+        let row = Current {
+            lock_delay: LockDelay::new(500).unwrap(),
+            ..held_by_a()
+        };
+        let (b, a) = (owner("b"), owner("a"));
+        assert_eq!(acquire(Some(&row), &b, at(1_000)), AcquireVerdict::Held);
+        assert_eq!(acquire(Some(&row), &b, at(1_499)), AcquireVerdict::Held);
+        let taken = AcquireVerdict::Grant(Acquisition::TakenOver);
+        assert_eq!(acquire(Some(&row), &b, at(1_500)), taken);
+        assert_eq!(acquire(Some(&row), &a, at(1_000)), taken);
+        assert_eq!(
+            acquire(Some(&row), &a, at(999)),
+            AcquireVerdict::Grant(Acquisition::Reacquired)
+        );
+        // Renew and release know nothing of the delay: the lease has expired.
+        let renewed: Decision<RenewOutcome> = renew(Some(&row), &a, None, at(1_200));
+        assert_eq!(renewed, Err(RenewOutcome::Expired));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Fence, Owner, ResourceName, Ttl};
+use super::{Fence, LockDelay, Owner, ResourceName, Ttl};
 
 /// A lease as the store holds it, with the store's clock reading at the moment it answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +30,9 @@ pub struct AcquireRequest {
     pub resource: ResourceName,
     pub owner: Owner,
     pub ttl: Ttl,
+    /// Kept with the lease: when it ends by expiry, no other owner takes the resource until
+    /// this long after. A renewal keeps it; a re-acquisition takes the new request's.
+    pub lock_delay: LockDelay,
     /// The bearer token the request came with, if the server checks tokens: the lease
     /// records it, and its quota is kept in the same atomic step as the grant.
     pub token: Option<TokenQuota>,
@@ -77,7 +80,8 @@ pub enum AcquireOutcome {
         lease: Lease,
         how: Acquisition,
     },
-    /// A live lease of another owner exists.
+    /// A live lease of another owner exists, or another owner's lease expired less than
+    /// its lock delay ago.
     Held,
     /// The request's token already holds its `max_leases` live leases of other resources;
     /// nothing was written and no fence issued.

@@ -6,8 +6,10 @@ pub mod decide;
 mod fence;
 #[cfg(feature = "fence-token")]
 pub mod fence_token;
+mod history;
 mod lease;
 mod listing;
+mod lock_delay;
 mod owner;
 mod resource_name;
 pub mod ttl;
@@ -15,6 +17,7 @@ pub mod ttl;
 pub use fence::{Fence, FenceError};
 #[cfg(feature = "fence-token")]
 pub use fence_token::{FenceKey, FenceKeyError, FenceKeys};
+pub use history::{HistoryLimit, HistoryRequest, LeaseEnd, LeaseHistory, PastLease, RecordedEnd};
 pub use lease::{
     AcquireOutcome, AcquireRequest, Acquisition, Lease, ReleaseOutcome, ReleaseRequest,
     RenewOutcome, RenewRequest, TokenQuota, time_left_ms,
@@ -22,6 +25,7 @@ pub use lease::{
 pub use listing::{
     LeasePage, ListRequest, ListScope, ListedLease, NameRange, PageLimit, ResourcePrefix,
 };
+pub use lock_delay::{LockDelay, LockDelayError};
 pub use owner::{Owner, OwnerError};
 pub use resource_name::{ResourceName, ResourceNameError};
 pub use ttl::{Ttl, TtlError};

@@ -3,6 +3,7 @@
 
 pub mod auth;
 mod health;
+mod history;
 mod listing;
 mod locks;
 pub mod metrics;
@@ -122,5 +123,8 @@ fn lock_routes(cfg: &mut web::ServiceConfig) {
         guarded("/locks/{resource:[^/]*}/release", "POST").route(web::post().to(locks::release)),
     )
     .service(guarded("/locks/{resource:[^/]*}/renew", "POST").route(web::post().to(locks::renew)))
+    .service(
+        guarded("/locks/{resource:[^/]*}/history", "GET").route(web::get().to(history::history)),
+    )
     .service(guarded("/locks", "GET").route(web::get().to(listing::list)));
 }

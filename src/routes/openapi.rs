@@ -12,7 +12,7 @@ use serde_json::Value;
 use utoipa::OpenApi;
 use utoipa::openapi::RefOr;
 
-use super::{AppState, health, listing, locks};
+use super::{AppState, health, history, listing, locks};
 use crate::domain::Ttl;
 use crate::http::ApiError;
 use crate::http::openapi::{
@@ -36,12 +36,13 @@ pub const VERSION_PREFIX: &str = "/v1";
         locks::release,
         locks::renew,
         listing::list,
+        history::history,
         health::healthz,
         health::readyz,
     ),
     components(schemas(AcquireBody, RenewBody, ReleaseBody, LiveLease)),
     tags(
-        (name = "locks", description = "Acquire, inspect, renew, release and list leases"),
+        (name = "locks", description = "Acquire, inspect, renew, release and list leases, and read a resource's history"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
     )
 )]
@@ -172,6 +173,20 @@ pub struct ListParams {
     after: Option<String>,
 }
 
+/// The query of `GET /locks/{resource}/history`. Any other parameter, or one given twice, is
+/// `422`.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[expect(
+    dead_code,
+    reason = "the wire shape, for the document; routes::parse reads it"
+)]
+pub struct HistoryParams {
+    /// Most leases listed, newest first: 1-1000, default 50.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+}
+
 /// The body of `POST /locks/{resource}`. Unknown fields are `422`.
 #[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -187,6 +202,12 @@ pub struct AcquireBody {
     /// The lease's time to live, from 1 to the server's maximum (`--max-ttl-seconds`).
     #[schema(minimum = 1, maximum = 86400)]
     ttl_seconds: i64,
+    /// Milliseconds, 0-60000 (default 0): when this lease ends by expiry (not by release), no
+    /// other owner can acquire the resource until this long after its `expires_at`
+    /// (`acquired: false`); its own owner still can. Kept by renewals; a re-acquisition
+    /// takes the new request's value.
+    #[schema(minimum = 0, maximum = 60000, default = 0)]
+    lock_delay_ms: Option<i64>,
 }
 
 /// The body of `POST /locks/{resource}/renew`. Unknown fields are `422`.
@@ -254,6 +275,7 @@ crate::problem_answers! {
         ApiError::OwnerMismatch(String::new()),
     ])));
     ListProblems => lock_problems(Vec::new());
+    HistoryProblems => lock_problems(Vec::new());
     ReadyProblems => vec![ApiError::NotReady(String::new())];
 }
 

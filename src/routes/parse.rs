@@ -5,24 +5,26 @@
 use serde_json::value::RawValue;
 
 use crate::domain::{
-    AcquireRequest, Fence, Owner, PageLimit, ReleaseRequest, RenewRequest, ResourceName,
-    ResourcePrefix, Ttl,
+    AcquireRequest, Fence, HistoryLimit, HistoryRequest, LockDelay, Owner, PageLimit,
+    ReleaseRequest, RenewRequest, ResourceName, ResourcePrefix, Ttl,
 };
 use crate::http::body::{self, Object};
 use crate::http::problem::{ApiError, FieldError};
 use crate::http::query::{self, Params, decimal};
 
-/// `POST /locks/{resource}` `{"owner", "ttl_seconds"}`
+/// `POST /locks/{resource}` `{"owner", "ttl_seconds", "lock_delay_ms"?}`
 pub fn acquire(resource: &str, body: Object, max_ttl: Ttl) -> Result<AcquireRequest, ApiError> {
     let mut fields = Fields::new(body);
     let resource = fields.resource(resource);
     let owner = fields.required("owner", owner);
     let ttl = fields.required("ttl_seconds", |raw| ttl(raw, max_ttl));
+    let lock_delay = fields.optional("lock_delay_ms", lock_delay);
     fields.finish()?;
     Ok(AcquireRequest {
         resource: present(resource)?,
         owner: present(owner)?,
         ttl: present(ttl)?,
+        lock_delay: lock_delay.unwrap_or_default(),
         token: None,
     })
 }
@@ -68,6 +70,10 @@ fn owner(raw: &RawValue) -> Result<Owner, String> {
 
 fn ttl(raw: &RawValue, max: Ttl) -> Result<Ttl, String> {
     Ttl::new(body::integer(raw)?, max).map_err(|e| e.to_string())
+}
+
+fn lock_delay(raw: &RawValue) -> Result<LockDelay, String> {
+    LockDelay::new(body::integer(raw)?).map_err(|e| e.to_string())
 }
 
 fn fence(raw: &RawValue) -> Result<Fence, String> {
@@ -204,6 +210,43 @@ pub fn list(query: &str) -> Result<ListQuery, ApiError> {
     }
 }
 
+/// `GET /locks/{resource}/history?limit=N`: the resource and the query's problems in one
+/// `422`. As with the list, a parameter other than `limit`, or one given twice, is named.
+pub fn history(resource: &str, query: &str) -> Result<HistoryRequest, ApiError> {
+    let checked_resource = ResourceName::parse(resource);
+    let Params {
+        values: [limit],
+        mut errors,
+    } = query::params(
+        query,
+        ["limit"],
+        "is not a known parameter; the only parameter is limit",
+        "is given more than once",
+    )
+    .map_err(|e| ApiError::Validation(vec![e]))?;
+    let mut checked_limit = HistoryLimit::default();
+    if let Some(text) = limit {
+        match decimal(&text).and_then(HistoryLimit::new) {
+            Some(parsed) => checked_limit = parsed,
+            None => errors.push(FieldError::new(
+                "limit",
+                format!("must be an integer from 1 to {}", HistoryLimit::MAX),
+            )),
+        }
+    }
+    match checked_resource {
+        Ok(resource) if errors.is_empty() => Ok(HistoryRequest {
+            resource,
+            limit: checked_limit,
+        }),
+        Ok(_) => Err(ApiError::Validation(errors)),
+        Err(e) => {
+            errors.insert(0, FieldError::new("resource", e));
+            Err(ApiError::Validation(errors))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
@@ -296,6 +339,41 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn lock_delay_is_optional_and_a_strict_integer_in_range() {
+        let with = |delay: &str| {
+            let body = format!(r#"{{"owner": "a", "ttl_seconds": 5{delay}}}"#);
+            acquire("job:1", object(&body), day())
+        };
+        assert_eq!(with("").unwrap().lock_delay, LockDelay::NONE);
+        assert_eq!(
+            with(r#", "lock_delay_ms": null"#).unwrap().lock_delay,
+            LockDelay::NONE
+        );
+        let most = with(r#", "lock_delay_ms": 60000"#).unwrap();
+        assert_eq!(most.lock_delay.millis(), 60_000);
+        let huge = "9".repeat(400);
+        for bad in [
+            "-1", "60001", "\"5\"", "5.0", "true", "1e400", "1e2", &huge, "[]",
+        ] {
+            let field = format!(r#", "lock_delay_ms": {bad}"#);
+            assert_eq!(invalid(with(&field)), ["lock_delay_ms"], "{bad}");
+        }
+    }
+
+    #[test]
+    fn history_takes_a_limit_alone() {
+        assert_eq!(history("job:1", "").unwrap().limit, HistoryLimit::default());
+        assert_eq!(history("job:1", "limit=1000").unwrap().limit.get(), 1000);
+        for bad in ["0", "1001", "x", "-1", "1.5", "99999999999999999999999", ""] {
+            let query = format!("limit={bad}");
+            assert_eq!(invalid(history("job:1", &query)), ["limit"], "{query}");
+        }
+        assert_eq!(invalid(history("job:1", "limt=5")), ["limt"]);
+        assert_eq!(invalid(history("job:1", "limit=5&limit=5")), ["limit"]);
+        assert_eq!(invalid(history("..", "limit=0")), ["resource", "limit"]);
     }
 
     fn list_fields(query: &str) -> Vec<String> {

@@ -8,8 +8,8 @@ use prometheus::{HistogramVec, IntCounterVec};
 
 use super::{Deadline, LeaseStore, SharedStore, StoreError};
 use crate::domain::{
-    AcquireOutcome, AcquireRequest, Lease, LeasePage, ListRequest, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, ResourceName,
+    AcquireOutcome, AcquireRequest, HistoryRequest, Lease, LeaseHistory, LeasePage, ListRequest,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName,
 };
 use crate::metrics::{self, Registry, label};
 
@@ -69,6 +69,19 @@ impl Metered {
         std::sync::Arc::new(Self { inner, metrics })
     }
 
+    /// Counts a failure of an operation that is not timed: a history read has no `op` label
+    /// of its own, and `fencelock_store_seconds` keeps the label values dashboards know.
+    async fn counted<T>(
+        &self,
+        operation: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let result = operation.await;
+        if let Err(e) = &result {
+            self.metrics.failed(e);
+        }
+        result
+    }
+
     async fn timed<T>(
         &self,
         op: &'static str,
@@ -111,10 +124,16 @@ timed_operations! {
     release(req: &ReleaseRequest, deadline: Deadline) -> ReleaseOutcome = RELEASE;
     // Timed per batch: `purge_expired` (the trait's own) calls this once per batch.
     purge_batch(grace: Duration, limit: u64) -> u64 = PURGE;
+    // The history's purge is a purge too.
+    purge_history_batch(retention: Duration, limit: u64) -> u64 = PURGE;
     count_live() -> u64 = COUNT;
     list(req: &ListRequest) -> LeasePage = LIST;
     ping() -> () = PING;
     @rest
+    async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory, StoreError> {
+        self.counted(self.inner.history(req)).await
+    }
+
     fn register_metrics(&self, registry: &Registry) {
         self.inner.register_metrics(registry);
     }

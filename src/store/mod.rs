@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use crate::domain::{
-    AcquireOutcome, AcquireRequest, Lease, LeasePage, ListRequest, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, ResourceName,
+    AcquireOutcome, AcquireRequest, HistoryRequest, Lease, LeaseHistory, LeasePage, ListRequest,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName,
 };
 pub use config::{
     DEFAULT_PG_BATCH_MAX, DEFAULT_POOL_SIZE, DEFAULT_SQLITE_FILE, DEFAULT_STORE_TIMEOUT_MS,
@@ -153,6 +153,28 @@ pub trait LeaseStore: Send + Sync + 'static {
         let mut total = 0;
         loop {
             let deleted = self.purge_batch(grace, PURGE_BATCH).await?;
+            total += deleted;
+            if deleted < PURGE_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// The most recent leases of `req.resource`, newest first, at most `req.limit`: a range
+    /// scan of the history's index. Owners are not kept there.
+    async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory, StoreError>;
+
+    /// Deletes at most `limit` history rows of leases that ended (released, or expired) more
+    /// than `retention` ago; never a live lease's. Returns how many.
+    async fn purge_history_batch(&self, retention: Duration, limit: u64)
+    -> Result<u64, StoreError>;
+
+    /// Deletes the history of every lease that ended more than `retention` ago, in batches of
+    /// [`PURGE_BATCH`], as [`LeaseStore::purge_expired`] does; returns how many rows.
+    async fn purge_history(&self, retention: Duration) -> Result<u64, StoreError> {
+        let mut total = 0;
+        loop {
+            let deleted = self.purge_history_batch(retention, PURGE_BATCH).await?;
             total += deleted;
             if deleted < PURGE_BATCH {
                 return Ok(total);

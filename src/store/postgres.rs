@@ -22,8 +22,9 @@ use tokio_postgres::types::ToSql;
 
 use super::{Deadline, LeaseStore, StoreError};
 use crate::domain::{
-    AcquireOutcome, AcquireRequest, Acquisition, Fence, Lease, Owner, ReleaseOutcome,
-    ReleaseRequest, RenewOutcome, RenewRequest, ResourceName,
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Lease, LeaseHistory, Owner,
+    PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
+    ResourceName,
 };
 use crate::domain::{LeasePage, ListRequest, ListedLease};
 use crate::metrics::Registry;
@@ -438,45 +439,11 @@ impl Db {
 /// happens. The deadline comes last among the parameters (see `write_opt`).
 const ACQUIRE: &str = "
 SELECT fence, acquired_at, expires_at, observed_at, how
-FROM fencelock_acquire($1, $2, $3, $6, $4::text, $5::integer)";
+FROM fencelock_acquire($1, $2, $3, $7, $4::text, $5::integer, $6::integer)";
 
 const INSPECT: &str = "
 SELECT owner, fence, acquired_at, expires_at, now()
 FROM leases WHERE resource = $1 AND expires_at > now()";
-
-/// The row is locked first, then updated only if it is live, the caller's, and (when given)
-/// of the caller's fence, and only while the request's deadline ($5) has not passed. The
-/// outer SELECT reports what was found, so a refusal says why.
-const RENEW: &str = "
-WITH current AS (
-    SELECT resource, owner, fence, expires_at > now() AS live
-    FROM leases WHERE resource = $1 FOR UPDATE
-), renewed AS (
-    UPDATE leases l
-    SET expires_at = date_trunc('milliseconds', now()) + $3::int * interval '1 second'
-    FROM current c
-    WHERE l.resource = c.resource AND c.live AND c.owner = $2
-      AND ($4::bigint IS NULL OR c.fence = $4)
-      AND fencelock_in_time($5)
-    RETURNING l.acquired_at, l.expires_at
-)
-SELECT c.live, c.owner = $2, c.fence, r.acquired_at, r.expires_at, now()
-FROM current c LEFT JOIN renewed r ON true";
-
-const RELEASE: &str = "
-WITH current AS (
-    SELECT resource, owner, fence, expires_at > now() AS live
-    FROM leases WHERE resource = $1 FOR UPDATE
-), released AS (
-    DELETE FROM leases l
-    USING current c
-    WHERE l.resource = c.resource AND c.live AND c.owner = $2
-      AND ($3::bigint IS NULL OR c.fence = $3)
-      AND fencelock_in_time($4)
-    RETURNING l.acquired_at
-)
-SELECT c.live, c.owner = $2, c.fence, r.acquired_at, now()
-FROM current c LEFT JOIN released r ON true";
 
 /// Served by the expiry index (`leases_expires_at_idx`): a range scan over live leases only.
 const COUNT_LIVE: &str = "SELECT count(*) FROM leases WHERE expires_at > now()";
@@ -488,13 +455,14 @@ ON CONFLICT (id) DO UPDATE SET checked_at = EXCLUDED.checked_at";
 
 /// What `check` reads to make sure the tables and functions the statements use are there, with
 /// the columns they use. Reads only.
-const SCHEMA_PROBES: [&str; 4] = [
-    "SELECT resource, owner, fence, acquired_at, expires_at, token FROM leases LIMIT 0",
+const SCHEMA_PROBES: [&str; 5] = [
+    "SELECT resource, owner, fence, acquired_at, expires_at, token, lock_delay_ms FROM leases LIMIT 0",
+    "SELECT fence, resource, acquired_at, expires_at, ended_at, end_kind, renewals FROM lease_history LIMIT 0",
     "SELECT id, checked_at FROM store_probe LIMIT 0",
     "SELECT last_value FROM lease_fence",
-    "SELECT 'fencelock_acquire(text,text,integer,timestamp with time zone,text,integer)'::regprocedure,
+    "SELECT 'fencelock_acquire(text,text,integer,timestamp with time zone,text,integer,integer)'::regprocedure,
             'fencelock_in_time(timestamp with time zone)'::regprocedure,
-            'fencelock_apply(text[],text[],text[],integer[],bigint[],text[],timestamp with time zone[],integer)'::regprocedure",
+            'fencelock_apply(text[],text[],text[],integer[],bigint[],text[],timestamp with time zone[],integer,integer[])'::regprocedure",
 ];
 
 /// A database that accepts only reads: a hot standby, or read-only by configuration.
@@ -504,11 +472,32 @@ const READ_ONLY: &str =
 /// Rows are deleted in the order the expiry index is scanned, not in resource order, so the
 /// purge skips rows that are locked (by a batch deciding on them) rather than waiting: it
 /// never waits on a lease row and so can never close a deadlock with a batch. A skipped row
-/// goes next time.
+/// goes next time. A lease inside its lock delay is kept whatever the grace: it still keeps
+/// other owners out.
 const PURGE: &str = "
 DELETE FROM leases WHERE resource IN (
     SELECT resource FROM leases
     WHERE expires_at < now() - $1::bigint * interval '1 millisecond'
+      AND fencelock_free_at(expires_at, lock_delay_ms) < now() - $1::bigint * interval '1 millisecond'
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)";
+
+/// A resource's history, newest first: a range scan of `lease_history_resource_fence_idx`.
+const HISTORY: &str = r#"
+SELECT fence, acquired_at, expires_at, ended_at, end_kind, renewals, now()
+FROM lease_history
+WHERE resource = $1 COLLATE "C"
+ORDER BY fence DESC
+LIMIT $2"#;
+
+/// History rows of leases that ended more than the retention ago, found by
+/// `lease_history_ended_idx`. Like the lease purge, it skips rows a batch has locked (a lease
+/// change updating them right now) rather than wait for them.
+const PURGE_HISTORY: &str = "
+DELETE FROM lease_history WHERE fence IN (
+    SELECT fence FROM lease_history
+    WHERE coalesce(ended_at, expires_at) < now() - $1::bigint * interval '1 millisecond'
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )";
@@ -528,12 +517,14 @@ impl Db {
             .as_ref()
             .and_then(|t| t.max_leases)
             .map(|max| i32::try_from(max).unwrap_or(i32::MAX));
-        let params: [&(dyn ToSql + Sync); 5] = [
+        let lock_delay = lock_delay_param(req);
+        let params: [&(dyn ToSql + Sync); 6] = [
             &req.resource.as_str(),
             &req.owner.as_str(),
             &ttl,
             &token,
             &max_leases,
+            &lock_delay,
         ];
         let Some(row) = self.write_opt(ACQUIRE, &params, deadline, 3).await? else {
             return Ok(AcquireOutcome::Held);
@@ -555,35 +546,22 @@ impl Db {
         Ok(AcquireOutcome::Acquired { lease, how })
     }
 
+    /// Renew and release alone are `fencelock_apply` with one request: the rules (and the
+    /// history they write) exist once, in SQL, for batches and single statements alike.
     async fn renew_alone(
         &self,
         req: &RenewRequest,
         deadline: Deadline,
     ) -> Result<RenewOutcome, StoreError> {
-        let ttl = ttl_param(req.ttl.seconds());
-        let given = req.fence.map(Fence::get);
-        let params: [&(dyn ToSql + Sync); 4] =
-            [&req.resource.as_str(), &req.owner.as_str(), &ttl, &given];
-        let Some(row) = self.write_opt(RENEW, &params, deadline, 5).await? else {
-            return Ok(RenewOutcome::NotFound);
+        let one = batch::Single {
+            kind: "renew",
+            resource: &req.resource,
+            owner: &req.owner,
+            ttl: Some(ttl_param(req.ttl.seconds())),
+            fence: req.fence,
         };
-        let (live, owner_matches, current): (bool, bool, _) =
-            (row.get(0), row.get(1), fence(&row, 2)?);
-        let renewed: Option<(DateTime<Utc>, DateTime<Utc>)> =
-            row.get::<_, Option<DateTime<Utc>>>(3).zip(row.get(4));
-        Ok(match renewed {
-            Some((acquired_at, expires_at)) => RenewOutcome::Renewed(Lease {
-                resource: req.resource.clone(),
-                owner: req.owner.clone(),
-                fence: current,
-                acquired_at,
-                expires_at,
-                observed_at: row.get(5),
-            }),
-            None if !live => RenewOutcome::Expired,
-            None if !owner_matches => RenewOutcome::OwnerMismatch,
-            None => RenewOutcome::StaleFence { current },
-        })
+        let row = one.apply(self, deadline).await?;
+        batch::renewed(req, &row)
     }
 
     async fn release_alone(
@@ -591,25 +569,15 @@ impl Db {
         req: &ReleaseRequest,
         deadline: Deadline,
     ) -> Result<ReleaseOutcome, StoreError> {
-        let given = req.fence.map(Fence::get);
-        let params: [&(dyn ToSql + Sync); 3] =
-            [&req.resource.as_str(), &req.owner.as_str(), &given];
-        let Some(row) = self.write_opt(RELEASE, &params, deadline, 4).await? else {
-            return Ok(ReleaseOutcome::NotFound);
+        let one = batch::Single {
+            kind: "release",
+            resource: &req.resource,
+            owner: &req.owner,
+            ttl: None,
+            fence: req.fence,
         };
-        let (live, owner_matches, current): (bool, bool, _) =
-            (row.get(0), row.get(1), fence(&row, 2)?);
-        let released: Option<DateTime<Utc>> = row.get(3);
-        Ok(match released {
-            Some(acquired_at) => ReleaseOutcome::Released {
-                fence: current,
-                acquired_at,
-                released_at: row.get(4),
-            },
-            None if !live => ReleaseOutcome::NotFound,
-            None if !owner_matches => ReleaseOutcome::NotOwner,
-            None => ReleaseOutcome::StaleFence { current },
-        })
+        let row = one.apply(self, deadline).await?;
+        batch::released(&row)
     }
 
     fn describe(&self) -> String {
@@ -687,6 +655,47 @@ impl LeaseStore for PgStore {
             .map_err(classify)
     }
 
+    async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory, StoreError> {
+        let limit = i64::try_from(req.limit.get()).unwrap_or(i64::MAX);
+        let client = self.db.client().await?;
+        let statement = client.prepare_cached(HISTORY).await.map_err(classify)?;
+        let rows = client
+            .query(&statement, &[&req.resource.as_str(), &limit])
+            .await
+            .map_err(classify)?;
+        let observed_at = match rows.first() {
+            Some(row) => row.get(6),
+            None => client
+                .query_one("SELECT now()", &[])
+                .await
+                .map_err(classify)?
+                .get(0),
+        };
+        let leases = rows.iter().map(past_lease).collect::<Result<_, _>>()?;
+        Ok(LeaseHistory {
+            leases,
+            observed_at,
+        })
+    }
+
+    async fn purge_history_batch(
+        &self,
+        retention: Duration,
+        limit: u64,
+    ) -> Result<u64, StoreError> {
+        let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let client = self.db.client().await?;
+        let statement = client
+            .prepare_cached(PURGE_HISTORY)
+            .await
+            .map_err(classify)?;
+        client
+            .execute(&statement, &[&retention_ms, &limit])
+            .await
+            .map_err(classify)
+    }
+
     async fn count_live(&self) -> Result<u64, StoreError> {
         let row = self.db.query_opt(COUNT_LIVE, &[]).await?;
         let count: i64 = row.map_or(0, |row| row.get(0));
@@ -724,6 +733,11 @@ fn acquisition(how: &str) -> Result<Acquisition, StoreError> {
             "the database answered an unknown acquisition event {other:?}"
         ))),
     }
+}
+
+/// The request's lock delay, in milliseconds (at most 60000).
+fn lock_delay_param(req: &AcquireRequest) -> i32 {
+    i32::try_from(req.lock_delay.millis()).unwrap_or(i32::MAX)
 }
 
 fn ttl_param(seconds: u32) -> i32 {
@@ -860,6 +874,25 @@ impl PgStore {
         }
         Ok(LeasePage::from_rows(leases, req.limit))
     }
+}
+
+fn past_lease(row: &Row) -> Result<PastLease, StoreError> {
+    let recorded = row
+        .get::<_, Option<&str>>(4)
+        .map(|kind| {
+            RecordedEnd::from_stored(kind)
+                .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("stored lease end {kind:?}")))
+        })
+        .transpose()?;
+    let renewals: i32 = row.get(5);
+    Ok(PastLease {
+        fence: fence(row, 0)?,
+        acquired_at: row.get(1),
+        expires_at: row.get(2),
+        released_at: row.get(3),
+        recorded,
+        renewals: u32::try_from(renewals).unwrap_or(0),
+    })
 }
 
 fn listed(row: &Row) -> Result<ListedLease, StoreError> {

@@ -22,8 +22,9 @@ use tokio::sync::{mpsc, oneshot};
 use super::{Deadline, LeaseStore, StoreError};
 use crate::domain::decide::{self, AcquireVerdict};
 use crate::domain::{
-    AcquireOutcome, AcquireRequest, Fence, Lease, Owner, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, ResourceName, TokenQuota,
+    AcquireOutcome, AcquireRequest, Fence, HistoryRequest, Lease, LeaseHistory, LockDelay, Owner,
+    PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
+    ResourceName, TokenQuota,
 };
 use crate::domain::{LeasePage, ListRequest, ListedLease};
 
@@ -125,8 +126,9 @@ pub fn check(path: &Path) -> anyhow::Result<String> {
 
 /// What `check` reads to make sure the tables the statements use are there, with the columns
 /// they use. Reads only.
-const SCHEMA_PROBES: [&str; 3] = [
-    "SELECT resource, owner, fence, acquired_at, expires_at, token FROM leases LIMIT 0",
+const SCHEMA_PROBES: [&str; 4] = [
+    "SELECT resource, owner, fence, acquired_at, expires_at, token, lock_delay_ms FROM leases LIMIT 0",
+    "SELECT fence, resource, acquired_at, expires_at, ended_at, end_kind, renewals FROM lease_history LIMIT 0",
     "SELECT last_fence FROM fence_counter WHERE id = 1",
     "SELECT writes FROM store_probe WHERE id = 1",
 ];
@@ -362,6 +364,7 @@ struct Row {
     fence: Fence,
     acquired_at: i64,
     expires_at: DateTime<Utc>,
+    lock_delay: LockDelay,
 }
 
 impl Row {
@@ -370,6 +373,7 @@ impl Row {
             owner: &self.owner,
             fence: self.fence,
             expires_at: self.expires_at,
+            lock_delay: self.lock_delay,
         }
     }
 }
@@ -377,21 +381,24 @@ impl Row {
 fn current(conn: &Connection, resource: &ResourceName) -> Result<Option<Row>, StoreError> {
     let raw = conn
         .prepare_cached(
-            "SELECT owner, fence, acquired_at, expires_at FROM leases WHERE resource = ?1",
+            "SELECT owner, fence, acquired_at, expires_at, lock_delay_ms
+             FROM leases WHERE resource = ?1",
         )
         .and_then(|mut s| {
             s.query_row([resource.as_str()], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
             })
             .optional()
         })
         .map_err(classify)?;
-    raw.map(|(owner, fence, acquired_at, expires_at)| {
+    raw.map(|(owner, fence, acquired_at, expires_at, lock_delay_ms)| {
         Ok(Row {
             owner,
             fence: stored_fence(fence)?,
             acquired_at,
             expires_at: timestamp(expires_at)?,
+            lock_delay: LockDelay::new(lock_delay_ms)
+                .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored lock delay: {e}")))?,
         })
     })
     .transpose()
@@ -436,12 +443,12 @@ fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome, St
         .map_err(classify)?;
     let expires = now + req.ttl.millis();
     conn.prepare_cached(
-        "INSERT INTO leases (resource, owner, fence, acquired_at, expires_at, token)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+        "INSERT INTO leases (resource, owner, fence, acquired_at, expires_at, token, lock_delay_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
          ON CONFLICT (resource) DO UPDATE SET
              owner = excluded.owner, fence = excluded.fence,
              acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
-             token = excluded.token",
+             token = excluded.token, lock_delay_ms = excluded.lock_delay_ms",
     )
     .and_then(|mut s| {
         s.execute(params![
@@ -450,10 +457,12 @@ fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome, St
             fence,
             now,
             expires,
-            req.token.as_ref().map(|t| t.name.as_str())
+            req.token.as_ref().map(|t| t.name.as_str()),
+            req.lock_delay.millis()
         ])
     })
     .map_err(classify)?;
+    history::granted(conn, req, row.as_ref(), fence, now, expires)?;
     let lease = lease(
         &req.resource,
         &req.owner,
@@ -492,6 +501,7 @@ fn renew(conn: &Connection, req: &RenewRequest) -> Result<RenewOutcome, StoreErr
     conn.prepare_cached("UPDATE leases SET expires_at = ?2 WHERE resource = ?1")
         .and_then(|mut s| s.execute(params![req.resource.as_str(), expires]))
         .map_err(classify)?;
+    history::renewed(conn, row.fence, expires)?;
     lease(
         &req.resource,
         &req.owner,
@@ -516,6 +526,7 @@ fn release(conn: &Connection, req: &ReleaseRequest) -> Result<ReleaseOutcome, St
     conn.prepare_cached("DELETE FROM leases WHERE resource = ?1")
         .and_then(|mut s| s.execute([req.resource.as_str()]))
         .map_err(classify)?;
+    history::ended(conn, row.fence, RecordedEnd::Released, now)?;
     Ok(ReleaseOutcome::Released {
         fence: row.fence,
         acquired_at: timestamp(row.acquired_at)?,
@@ -523,12 +534,15 @@ fn release(conn: &Connection, req: &ReleaseRequest) -> Result<ReleaseOutcome, St
     })
 }
 
+/// A lease inside its lock delay is kept whatever the grace: it still keeps other owners
+/// out. (The first condition alone lets the expiry index find the candidates.)
 fn purge_batch(conn: &Connection, grace: Duration, limit: u64) -> Result<u64, StoreError> {
     let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
     let cutoff = now_ms().saturating_sub(grace_ms);
     conn.prepare_cached(
         "DELETE FROM leases WHERE resource IN
-            (SELECT resource FROM leases WHERE expires_at < ?1 LIMIT ?2)",
+            (SELECT resource FROM leases
+             WHERE expires_at < ?1 AND expires_at + lock_delay_ms < ?1 LIMIT ?2)",
     )
     .and_then(|mut s| s.execute(params![cutoff, i64::try_from(limit).unwrap_or(i64::MAX)]))
     .map(|n| n as u64)
@@ -582,6 +596,20 @@ impl LeaseStore for SqliteStore {
 
     async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError> {
         self.call(None, move |conn| purge_batch(conn, grace, limit))
+            .await
+    }
+
+    async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory, StoreError> {
+        let req = req.clone();
+        self.call(None, move |conn| history::read(conn, &req)).await
+    }
+
+    async fn purge_history_batch(
+        &self,
+        retention: Duration,
+        limit: u64,
+    ) -> Result<u64, StoreError> {
+        self.call(None, move |conn| history::purge(conn, retention, limit))
             .await
     }
 
@@ -654,6 +682,135 @@ fn list(conn: &Connection, req: &ListRequest) -> Result<LeasePage, StoreError> {
         }
     }
     Ok(LeasePage::from_rows(leases, req.limit))
+}
+
+/// The `lease_history` table (migration V5): written in the batch transaction with the lease
+/// change it records, read by `GET /locks/{resource}/history`.
+mod history {
+    use super::*;
+
+    /// A grant (`fence`, from `now` to `expires`), and the end of the lease it replaced:
+    /// released at `now` if it was live (only its owner replaces a live lease), taken over if
+    /// it had expired and another owner took it. An expired lease its own owner acquires
+    /// again keeps no recorded end: it reads as expired.
+    pub(super) fn granted(
+        conn: &Connection,
+        req: &AcquireRequest,
+        replaced: Option<&Row>,
+        fence: i64,
+        now: i64,
+        expires: i64,
+    ) -> Result<(), StoreError> {
+        if let Some(old) = replaced {
+            if old.current().is_live(timestamp(now)?) {
+                ended(conn, old.fence, RecordedEnd::Released, now)?;
+            } else if old.owner != req.owner.as_str() {
+                let expired_at = old.expires_at.timestamp_millis();
+                ended(conn, old.fence, RecordedEnd::TakenOver, expired_at)?;
+            }
+        }
+        conn.prepare_cached(
+            "INSERT INTO lease_history (fence, resource, acquired_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4)",
+        )
+        .and_then(|mut s| s.execute(params![fence, req.resource.as_str(), now, expires]))
+        .map(|_| ())
+        .map_err(classify)
+    }
+
+    pub(super) fn renewed(conn: &Connection, fence: Fence, expires: i64) -> Result<(), StoreError> {
+        conn.prepare_cached(
+            "UPDATE lease_history SET expires_at = ?2, renewals = renewals + 1 WHERE fence = ?1",
+        )
+        .and_then(|mut s| s.execute(params![fence.get(), expires]))
+        .map(|_| ())
+        .map_err(classify)
+    }
+
+    pub(super) fn ended(
+        conn: &Connection,
+        fence: Fence,
+        end: RecordedEnd,
+        at: i64,
+    ) -> Result<(), StoreError> {
+        conn.prepare_cached(
+            "UPDATE lease_history SET end_kind = ?2, ended_at = ?3
+             WHERE fence = ?1 AND end_kind IS NULL",
+        )
+        .and_then(|mut s| s.execute(params![fence.get(), end.as_str(), at]))
+        .map(|_| ())
+        .map_err(classify)
+    }
+
+    /// Newest first: a range scan of `lease_history_resource_fence_idx`.
+    pub(super) fn read(
+        conn: &Connection,
+        req: &HistoryRequest,
+    ) -> Result<LeaseHistory, StoreError> {
+        let now = now_ms();
+        let limit = i64::try_from(req.limit.get()).unwrap_or(i64::MAX);
+        let mut statement = conn
+            .prepare_cached(
+                "SELECT fence, acquired_at, expires_at, ended_at, end_kind, renewals
+                 FROM lease_history WHERE resource = ?1 ORDER BY fence DESC LIMIT ?2",
+            )
+            .map_err(classify)?;
+        let rows = statement
+            .query_map(params![req.resource.as_str(), limit], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, Option<i64>>(3)?,
+                    r.get::<_, Option<String>>(4)?,
+                    r.get::<_, i64>(5)?,
+                ))
+            })
+            .map_err(classify)?;
+        let mut leases = Vec::new();
+        for row in rows {
+            let (fence, acquired_at, expires_at, ended_at, end_kind, renewals) =
+                row.map_err(classify)?;
+            let recorded = end_kind
+                .map(|kind| {
+                    RecordedEnd::from_stored(&kind).ok_or_else(|| {
+                        StoreError::Internal(anyhow::anyhow!("stored lease end {kind:?}"))
+                    })
+                })
+                .transpose()?;
+            leases.push(PastLease {
+                fence: stored_fence(fence)?,
+                acquired_at: timestamp(acquired_at)?,
+                expires_at: timestamp(expires_at)?,
+                released_at: ended_at.map(timestamp).transpose()?,
+                recorded,
+                renewals: u32::try_from(renewals).unwrap_or(u32::MAX),
+            });
+        }
+        Ok(LeaseHistory {
+            leases,
+            observed_at: timestamp(now)?,
+        })
+    }
+
+    /// At most `limit` rows of leases that ended (by release or expiry) more than `retention`
+    /// ago; a live lease's row never qualifies.
+    pub(super) fn purge(
+        conn: &Connection,
+        retention: Duration,
+        limit: u64,
+    ) -> Result<u64, StoreError> {
+        let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = now_ms().saturating_sub(retention_ms);
+        conn.prepare_cached(
+            "DELETE FROM lease_history WHERE fence IN
+                (SELECT fence FROM lease_history
+                 WHERE coalesce(ended_at, expires_at) < ?1 LIMIT ?2)",
+        )
+        .and_then(|mut s| s.execute(params![cutoff, i64::try_from(limit).unwrap_or(i64::MAX)]))
+        .map(|n| n as u64)
+        .map_err(classify)
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,8 @@
 //!   `FENCELOCK_TEST_DATABASE_URL`, where an unreachable PostgreSQL fails the test, never
 //!   skips it), [`admin`], [`pg_connect`], [`first_column`], [`postgres_addr`]; [`TestDb`], a PostgreSQL
 //!   database or a SQLite file dropped with the value, with the operator's tools the tests use
-//!   behind the store's back (age a lease, count rows, set the fence counter, run SQL); and
+//!   behind the store's back (age a lease or a history, count rows, set the fence counter, run
+//!   SQL); and
 //!   [`RowLock`].
 //! - `server`: [`TestApp`], a lease server on port 0 over a [`TestDb`], with request helpers;
 //!   [`client`], [`assert_problem`], [`assert_invalid`], [`invalid_fields`], [`fence`],

@@ -167,28 +167,97 @@ impl TestDb {
     }
 
     /// Makes the lease on `resource` expire `ago_ms` milliseconds ago by the store's own
-    /// clock, the way time passing would, without waiting for it.
+    /// clock, the way time passing would, without waiting for it. The lease's history row
+    /// follows, as it does when time passes.
     pub async fn age(&self, resource: &str, ago_ms: i64) {
-        let updated = match self {
+        let updated: i64 = match self {
             Self::Postgres { .. } => pg_connect(&self.url())
                 .await
-                .execute(
-                    "UPDATE leases SET expires_at = now() - $2::bigint * interval '1 millisecond' WHERE resource = $1",
+                .query_one(
+                    "WITH aged AS (
+                         UPDATE leases SET expires_at = now() - $2::bigint * interval '1 millisecond'
+                         WHERE resource = $1 RETURNING fence, expires_at
+                     ), history AS (
+                         UPDATE lease_history h SET expires_at = a.expires_at
+                         FROM aged a WHERE h.fence = a.fence
+                     )
+                     SELECT count(*) FROM aged",
                     &[&resource, &ago_ms],
                 )
                 .await
-                .expect("ageing a lease"),
+                .expect("ageing a lease")
+                .get(0),
             Self::Sqlite { path, .. } => {
                 let conn = sqlite(path);
-                let now = chrono::Utc::now().timestamp_millis();
+                let expired = chrono::Utc::now().timestamp_millis() - ago_ms;
+                conn.execute(
+                    "UPDATE lease_history SET expires_at = ?2
+                     WHERE fence = (SELECT fence FROM leases WHERE resource = ?1)",
+                    rusqlite::params![resource, expired],
+                )
+                .expect("ageing a lease's history");
                 conn.execute(
                     "UPDATE leases SET expires_at = ?2 WHERE resource = ?1",
-                    rusqlite::params![resource, now - ago_ms],
+                    rusqlite::params![resource, expired],
                 )
-                .expect("ageing a lease") as u64
+                .expect("ageing a lease") as i64
             }
         };
         assert_eq!(updated, 1, "no lease row for {resource} to age");
+    }
+
+    /// Moves every time in `resource`'s lease history `ago_ms` milliseconds back, as if all of
+    /// it had happened that much earlier. For resources without a live lease: the lease table
+    /// is not touched.
+    pub async fn age_history(&self, resource: &str, ago_ms: i64) {
+        match self {
+            Self::Postgres { .. } => {
+                pg_connect(&self.url())
+                    .await
+                    .execute(
+                        "UPDATE lease_history SET
+                             acquired_at = acquired_at - $2::bigint * interval '1 millisecond',
+                             expires_at = expires_at - $2::bigint * interval '1 millisecond',
+                             ended_at = ended_at - $2::bigint * interval '1 millisecond'
+                         WHERE resource = $1",
+                        &[&resource, &ago_ms],
+                    )
+                    .await
+                    .expect("ageing a history");
+            }
+            Self::Sqlite { path, .. } => {
+                sqlite(path)
+                    .execute(
+                        "UPDATE lease_history SET acquired_at = acquired_at - ?2,
+                             expires_at = expires_at - ?2, ended_at = ended_at - ?2
+                         WHERE resource = ?1",
+                        rusqlite::params![resource, ago_ms],
+                    )
+                    .expect("ageing a history");
+            }
+        }
+    }
+
+    /// Rows in the lease history for `resource`.
+    pub async fn history_rows(&self, resource: &str) -> i64 {
+        match self {
+            Self::Postgres { .. } => pg_connect(&self.url())
+                .await
+                .query_one(
+                    "SELECT count(*) FROM lease_history WHERE resource = $1",
+                    &[&resource],
+                )
+                .await
+                .expect("counting history rows")
+                .get(0),
+            Self::Sqlite { path, .. } => sqlite(path)
+                .query_row(
+                    "SELECT count(*) FROM lease_history WHERE resource = ?1",
+                    [resource],
+                    |r| r.get(0),
+                )
+                .expect("counting history rows"),
+        }
     }
 
     /// Runs SQL (the same text on both stores) on the store's database, as an operator would.

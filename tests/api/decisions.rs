@@ -7,8 +7,8 @@ use std::time::Duration;
 use chrono::{TimeDelta, Utc};
 use fencelock::domain::decide::{self, AcquireVerdict, Current};
 use fencelock::domain::{
-    AcquireOutcome, AcquireRequest, Acquisition, Fence, Owner, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, ResourceName, Ttl,
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, LockDelay, Owner, ReleaseOutcome,
+    ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ttl,
 };
 use fencelock::store::{Deadline, SharedStore};
 
@@ -23,6 +23,8 @@ enum State {
     LiveA,
     /// A lease of `a` that expired a second ago.
     ExpiredA,
+    /// A lease of `a` with a lock delay of a minute, that expired a second ago.
+    DelayedA,
 }
 
 /// The fence a request names.
@@ -58,7 +60,7 @@ enum Verdict {
 
 use Given as G;
 use Op::{Acquire, Release, Renew};
-use State::{Absent, ExpiredA, LiveA};
+use State::{Absent, DelayedA, ExpiredA, LiveA};
 use Verdict as V;
 
 /// (state, op, requesting owner, expected)
@@ -86,7 +88,19 @@ const CASES: &[(State, Op, &str, Verdict)] = &[
     (LiveA, Release(G::Same), "b", V::NotOwner),
     (ExpiredA, Release(G::Same), "a", V::NotFound),
     (ExpiredA, Release(G::None), "b", V::NotFound),
+    (DelayedA, Acquire, "a", V::Granted(Acquisition::TakenOver)),
+    (DelayedA, Acquire, "b", V::Held),
+    (DelayedA, Renew(G::Same), "a", V::Expired),
+    (DelayedA, Release(G::Same), "a", V::NotFound),
 ];
+
+/// The lock delay of `a`'s lease in `state`.
+fn lock_delay(state: State) -> LockDelay {
+    match state {
+        DelayedA => LockDelay::new(60_000).unwrap(),
+        _ => LockDelay::NONE,
+    }
+}
 
 fn owner(name: &str) -> Owner {
     Owner::parse(name).unwrap()
@@ -109,13 +123,14 @@ fn by_the_rules(state: State, op: Op, who: &str) -> Verdict {
     let now = Utc::now();
     let fence_of_a = Fence::new(7).unwrap();
     let expires_at = match state {
-        ExpiredA => now - TimeDelta::seconds(1),
+        ExpiredA | DelayedA => now - TimeDelta::seconds(1),
         _ => now + TimeDelta::seconds(TTL),
     };
     let row = Current {
         owner: "a",
         fence: fence_of_a,
         expires_at,
+        lock_delay: lock_delay(state),
     };
     let current = (!matches!(state, Absent)).then_some(&row);
     let who = owner(who);
@@ -166,16 +181,21 @@ async fn by_the_store(app: &TestApp, resource: &str, state: State, op: Op, who: 
         resource: resource.clone(),
         owner: owner(name),
         ttl: ttl(),
+        lock_delay: LockDelay::NONE,
         token: None,
     };
     let mut fence_of_a = Fence::new(1).unwrap();
     if !matches!(state, Absent) {
-        match store.acquire(&acquire("a"), deadline()).await.unwrap() {
+        let first = AcquireRequest {
+            lock_delay: lock_delay(state),
+            ..acquire("a")
+        };
+        match store.acquire(&first, deadline()).await.unwrap() {
             AcquireOutcome::Acquired { lease, .. } => fence_of_a = lease.fence,
             other => panic!("setting up {resource}: {other:?}"),
         }
     }
-    if matches!(state, ExpiredA) {
+    if matches!(state, ExpiredA | DelayedA) {
         app.db.age(resource.as_str(), 1_000).await;
     }
     match op {

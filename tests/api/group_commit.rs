@@ -14,8 +14,9 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use fencelock::domain::{
-    AcquireOutcome, AcquireRequest, Acquisition, Fence, Owner, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, ResourceName, TokenQuota, Ttl,
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryLimit, HistoryRequest, LockDelay,
+    Owner, PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
+    ResourceName, TokenQuota, Ttl,
 };
 use fencelock::store::{Deadline, SharedStore, StoreError};
 use futures_util::future::{JoinAll, join_all};
@@ -27,6 +28,7 @@ fn acquire(resource: &str, owner: &str) -> AcquireRequest {
         resource: ResourceName::parse(resource).unwrap(),
         owner: Owner::parse(owner).unwrap(),
         ttl: ttl(),
+        lock_delay: LockDelay::NONE,
         token: None,
     }
 }
@@ -527,4 +529,146 @@ async fn batches_of_one_are_single_statements() {
     ));
     let metrics = app.metrics().await;
     assert_eq!(metrics.value("fencelock_store_batch_size_count", &[]), 0.0);
+}
+
+/// `resource`'s history as the store keeps it, newest first: (fence, recorded end, renewals).
+async fn history_of(store: &SharedStore, resource: &str) -> Vec<(i64, Option<RecordedEnd>, u32)> {
+    let request = HistoryRequest {
+        resource: ResourceName::parse(resource).unwrap(),
+        limit: HistoryLimit::default(),
+    };
+    let history = store.history(&request).await.expect("history is read");
+    let row = |lease: &PastLease| (lease.fence.get(), lease.recorded, lease.renewals);
+    history.leases.iter().map(row).collect()
+}
+
+/// `AcquireOutcome::Held`, or a panic.
+fn held(outcome: Result<AcquireOutcome, StoreError>) {
+    assert!(matches!(outcome, Ok(AcquireOutcome::Held)), "{outcome:?}");
+}
+
+/// Requests decided in one batch each write their history in it: a fresh grant (with its
+/// lock delay kept), a renewal, a release and a re-acquisition of a live lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_writes_the_history_of_every_request() {
+    let app = TestApp::spawn(StoreKind::Postgres).await;
+    let store = &app.store;
+    let (renewing, _) = granted(store.acquire(&acquire("h-renew", "o"), in_time()).await);
+    let (releasing, _) = granted(store.acquire(&acquire("h-release", "o"), in_time()).await);
+    let (replaced, _) = granted(store.acquire(&acquire("h-reacquire", "o"), in_time()).await);
+
+    let committers = HeldCommitters::hold(&app).await;
+    let delayed = AcquireRequest {
+        lock_delay: LockDelay::new(60_000).unwrap(),
+        ..acquire("h-fresh", "o")
+    };
+    let (fresh, reacquire, also_fresh) =
+        (delayed, acquire("h-reacquire", "o"), acquire("h-more", "o"));
+    let renewal = renew("h-renew", "o", Fence::new(renewing).ok());
+    let release_it = release("h-release", "o", Fence::new(releasing).ok());
+    let acquisitions = queued([
+        store.acquire(&fresh, in_time()),
+        store.acquire(&reacquire, in_time()),
+        store.acquire(&also_fresh, in_time()),
+    ])
+    .await;
+    let renewed = queued([store.renew(&renewal, in_time())]).await;
+    let released = queued([store.release(&release_it, in_time())]).await;
+    committers.release().await;
+
+    let fences: Vec<i64> = acquisitions
+        .await
+        .into_iter()
+        .map(|o| granted(o).0)
+        .collect();
+    assert!(matches!(renewed.await[0], Ok(RenewOutcome::Renewed(_))));
+    assert!(matches!(
+        released.await[0],
+        Ok(ReleaseOutcome::Released { .. })
+    ));
+    let metrics = app.metrics().await;
+    assert_eq!(
+        batches_between(&metrics, "4", "8"),
+        1.0,
+        "the five requests were not one batch"
+    );
+
+    assert_eq!(history_of(store, "h-fresh").await, [(fences[0], None, 0)]);
+    assert_eq!(
+        history_of(store, "h-reacquire").await,
+        [
+            (fences[1], None, 0),
+            (replaced, Some(RecordedEnd::Released), 0)
+        ]
+    );
+    assert_eq!(history_of(store, "h-renew").await, [(renewing, None, 1)]);
+    assert_eq!(
+        history_of(store, "h-release").await,
+        [(releasing, Some(RecordedEnd::Released), 0)]
+    );
+    // The lock delay went in with the batch: a second after expiry, others are kept out.
+    app.db.age("h-fresh", 1_000).await;
+    held(store.acquire(&acquire("h-fresh", "p"), in_time()).await);
+}
+
+/// With `--pg-batch-max 1` (the single statements a refused batch also falls back to), every
+/// lease change writes its history too, and the lock delay holds; and so does an acquisition
+/// under a quota, which is always decided alone (`fencelock_acquire`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_statements_write_history() {
+    let db = crate::helpers::TestDb::new(StoreKind::Postgres).await;
+    let app = TestApp::spawn_on(db, |s| s.pg_batch_max = 1).await;
+    let store = &app.store;
+    let (first, _) = granted(store.acquire(&acquire("s", "o"), in_time()).await);
+    let renewal = renew("s", "o", Fence::new(first).ok());
+    assert!(matches!(
+        store.renew(&renewal, in_time()).await,
+        Ok(RenewOutcome::Renewed(_))
+    ));
+    let (second, how) = granted(store.acquire(&acquire("s", "o"), in_time()).await);
+    assert_eq!(how, Acquisition::Reacquired);
+    app.db.age("s", 1_000).await;
+    let (third, how) = granted(store.acquire(&acquire("s", "p"), in_time()).await);
+    assert_eq!(how, Acquisition::TakenOver);
+    let release_it = release("s", "p", Fence::new(third).ok());
+    assert!(matches!(
+        store.release(&release_it, in_time()).await,
+        Ok(ReleaseOutcome::Released { .. })
+    ));
+    assert_eq!(
+        history_of(store, "s").await,
+        [
+            (third, Some(RecordedEnd::Released), 0),
+            (second, Some(RecordedEnd::TakenOver), 0),
+            (first, Some(RecordedEnd::Released), 1),
+        ]
+    );
+
+    let delayed = AcquireRequest {
+        lock_delay: LockDelay::new(60_000).unwrap(),
+        ..acquire("d", "o")
+    };
+    granted(store.acquire(&delayed, in_time()).await);
+    app.db.age("d", 1_000).await;
+    held(store.acquire(&acquire("d", "p"), in_time()).await);
+    let (_, how) = granted(store.acquire(&acquire("d", "o"), in_time()).await);
+    assert_eq!(how, Acquisition::TakenOver);
+
+    let quota = |max| AcquireRequest {
+        lock_delay: LockDelay::new(60_000).unwrap(),
+        ..acquire_with_token("q", "t", Some(max))
+    };
+    let (before, _) = granted(store.acquire(&quota(5), in_time()).await);
+    let (after, how) = granted(store.acquire(&quota(5), in_time()).await);
+    assert_eq!(how, Acquisition::Reacquired);
+    assert_eq!(
+        history_of(store, "q").await,
+        [(after, None, 0), (before, Some(RecordedEnd::Released), 0)]
+    );
+    app.db.age("q", 1_000).await;
+    let other = AcquireRequest {
+        owner: Owner::parse("other").unwrap(),
+        ..acquire_with_token("q", "t2", Some(5))
+    };
+    held(store.acquire(&other, in_time()).await);
 }

@@ -13,7 +13,7 @@ const HTTP_LAYER: [u16; 3] = [400, 408, 431];
 
 /// What each operation can answer, per the contract, beyond [`HTTP_LAYER`]; every lock
 /// operation also [`AUTH`].
-const OPERATIONS: [(&str, &str, &[u16]); 10] = [
+const OPERATIONS: [(&str, &str, &[u16]); 11] = [
     (
         "POST",
         "/locks/{resource}",
@@ -36,6 +36,7 @@ const OPERATIONS: [(&str, &str, &[u16]); 10] = [
         &[200, 404, 409, 413, 415, 422, 500, 503],
     ),
     ("GET", "/locks", &[200, 422, 500, 503]),
+    ("GET", "/locks/{resource}/history", &[200, 422, 500, 503]),
     ("GET", "/healthz", &[200]),
     ("GET", "/readyz", &[200, 503]),
     ("GET", "/metrics", &[200]),
@@ -81,6 +82,18 @@ async fn the_document_lists_every_operation_and_status(kind: StoreKind) {
             ("/v1/locks", "GET", 403, &["forbidden-scope"]),
             ("/locks", "GET", 422, &["validation-failed"]),
             ("/v1/locks", "GET", 422, &["validation-failed"]),
+            (
+                "/locks/{resource}/history",
+                "GET",
+                403,
+                &["forbidden-scope"],
+            ),
+            (
+                "/v1/locks/{resource}/history",
+                "GET",
+                422,
+                &["validation-failed"],
+            ),
         ],
     );
     let unavailable = &document["paths"]["/locks/{resource}"]["post"]["responses"]["503"];
@@ -178,6 +191,39 @@ async fn request_bodies_are_closed_with_the_configured_ttl_bound() {
         .map(|p| p["name"].as_str().unwrap())
         .collect();
     assert_eq!(query, ["prefix", "limit", "after"]);
+    // A lease in a history: five fields, no owner, no fence_token; `ended_at` may be null.
+    let past = &schemas["PastLease"];
+    let mut fields: Vec<&str> = past["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        ["acquired_at", "end", "ended_at", "fence", "renewals"]
+    );
+    assert_eq!(past["additionalProperties"], false);
+    let history = &document["paths"]["/locks/{resource}/history"]["get"]["parameters"];
+    let limit = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "limit")
+        .expect("a limit parameter");
+    assert_eq!(
+        (
+            limit["schema"]["minimum"].as_i64(),
+            limit["schema"]["maximum"].as_i64()
+        ),
+        (Some(1), Some(1000))
+    );
+    let delay = &schemas["AcquireBody"]["properties"]["lock_delay_ms"];
+    assert_eq!(
+        (delay["minimum"].as_i64(), delay["maximum"].as_i64()),
+        (Some(0), Some(60_000))
+    );
     // The lock an inspect shows has no owner; the holder's has one.
     assert!(schemas["LiveLease"]["properties"].get("owner").is_none());
     assert!(

@@ -13,7 +13,7 @@ use crate::helpers::{RowLock, StoreKind, TTL, TestDb, assert_failed_in_one_line,
 
 /// Every setting: its flag and its environment variable, as `--help` must name them. Both
 /// are cleared for the tests' processes, so that a developer's shell cannot leak into them.
-const SETTINGS: [(&str, &str); 17] = [
+const SETTINGS: [(&str, &str); 18] = [
     ("--bind", "FENCELOCK_BIND"),
     ("--database-url", "DATABASE_URL"),
     ("--max-ttl-seconds", "FENCELOCK_MAX_TTL_SECONDS"),
@@ -24,6 +24,10 @@ const SETTINGS: [(&str, &str); 17] = [
     (
         "--purge-interval-seconds",
         "FENCELOCK_PURGE_INTERVAL_SECONDS",
+    ),
+    (
+        "--history-retention-seconds",
+        "FENCELOCK_HISTORY_RETENTION_SECONDS",
     ),
     ("--store-timeout-ms", "FENCELOCK_STORE_TIMEOUT_MS"),
     ("--request-timeout-ms", "FENCELOCK_REQUEST_TIMEOUT_MS"),

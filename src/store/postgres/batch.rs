@@ -66,7 +66,7 @@ const NO_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 const APPLY: &str = "
 SELECT ord, outcome, fence, acquired_at, expires_at, observed_at
-FROM fencelock_apply($1, $2, $3, $4, $5, $6, $7, $8)";
+FROM fencelock_apply($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// What the committers count, for every app that shows the store's metrics.
 #[derive(Clone)]
@@ -415,7 +415,7 @@ impl Committers {
             })?;
         let arrays = Arrays::of(batch);
         let lock_wait_ms = lock_wait(db.statement_timeout);
-        let params: [&(dyn ToSql + Sync); 8] = [
+        let params: [&(dyn ToSql + Sync); 9] = [
             &arrays.kinds,
             &arrays.resources,
             &arrays.owners,
@@ -424,6 +424,7 @@ impl Committers {
             &arrays.tokens,
             &until,
             &lock_wait_ms,
+            &arrays.lock_delays,
         ];
         let statement = client.prepare_cached(APPLY).await?;
         let sent = Instant::now();
@@ -484,6 +485,8 @@ struct Arrays<'a> {
     ttls: Vec<Option<i32>>,
     fences: Vec<Option<i64>>,
     tokens: Vec<Option<&'a str>>,
+    /// An acquisition's lock delay in milliseconds; `None` for renew and release.
+    lock_delays: Vec<Option<i32>>,
 }
 
 impl<'a> Arrays<'a> {
@@ -495,6 +498,7 @@ impl<'a> Arrays<'a> {
             ttls: Vec::with_capacity(batch.len()),
             fences: Vec::with_capacity(batch.len()),
             tokens: Vec::with_capacity(batch.len()),
+            lock_delays: Vec::with_capacity(batch.len()),
         };
         for job in batch {
             let (kind, owner, ttl, fence, token) = match &job.op {
@@ -520,8 +524,59 @@ impl<'a> Arrays<'a> {
             arrays.ttls.push(ttl.map(super::ttl_param));
             arrays.fences.push(fence.map(Fence::get));
             arrays.tokens.push(token);
+            arrays.lock_delays.push(match &job.op {
+                Op::Acquire(req, _) => Some(super::lock_delay_param(req)),
+                Op::Renew(..) | Op::Release(..) => None,
+            });
         }
         arrays
+    }
+}
+
+/// One renewal or release decided alone by `fencelock_apply` (see `Db::renew_alone`): the
+/// same rules and history as in a batch, one statement of its own, which waits for its row
+/// lock without a bound of its own (the statement timeout still holds), as every single
+/// statement does.
+pub(super) struct Single<'a> {
+    pub kind: &'static str,
+    pub resource: &'a ResourceName,
+    pub owner: &'a Owner,
+    pub ttl: Option<i32>,
+    pub fence: Option<Fence>,
+}
+
+impl Single<'_> {
+    /// The request's row of the answer; its `now()` is taken as a clock sample.
+    pub(super) async fn apply(&self, db: &Db, deadline: Deadline) -> Result<Row, StoreError> {
+        let until = vec![db.database_deadline(deadline).await?];
+        let client = db.client().await?;
+        let statement = client.prepare_cached(APPLY).await.map_err(classify)?;
+        let (kinds, resources, owners) = (
+            vec![self.kind],
+            vec![self.resource.as_str()],
+            vec![self.owner.as_str()],
+        );
+        let (ttls, fences) = (vec![self.ttl], vec![self.fence.map(Fence::get)]);
+        let (tokens, lock_delays) = (vec![None::<&str>], vec![None::<i32>]);
+        let no_lock_wait_bound = 0_i32;
+        let params: [&(dyn ToSql + Sync); 9] = [
+            &kinds,
+            &resources,
+            &owners,
+            &ttls,
+            &fences,
+            &tokens,
+            &until,
+            &no_lock_wait_bound,
+            &lock_delays,
+        ];
+        let sent = Instant::now();
+        let row = client
+            .query_one(&statement, &params)
+            .await
+            .map_err(classify)?;
+        db.clock.sample(column(&row, 5)?, sent);
+        Ok(row)
     }
 }
 
@@ -566,7 +621,7 @@ fn acquired(req: &AcquireRequest, row: &Row) -> Result<AcquireOutcome, StoreErro
     })
 }
 
-fn renewed(req: &RenewRequest, row: &Row) -> Result<RenewOutcome, StoreError> {
+pub(super) fn renewed(req: &RenewRequest, row: &Row) -> Result<RenewOutcome, StoreError> {
     Ok(match column::<&str>(row, 1)? {
         "renewed" => RenewOutcome::Renewed(lease(&req.resource, &req.owner, row)?),
         "not_found" => RenewOutcome::NotFound,
@@ -580,7 +635,7 @@ fn renewed(req: &RenewRequest, row: &Row) -> Result<RenewOutcome, StoreError> {
     })
 }
 
-fn released(row: &Row) -> Result<ReleaseOutcome, StoreError> {
+pub(super) fn released(row: &Row) -> Result<ReleaseOutcome, StoreError> {
     Ok(match column::<&str>(row, 1)? {
         "released" => ReleaseOutcome::Released {
             fence: fence_at(row, 2)?,

@@ -1,0 +1,111 @@
+//! `GET /locks/{resource}/history?limit=N`: the resource's most recent leases, newest first.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::Serialize;
+
+use super::auth::Caller;
+use super::locks::rfc3339_millis;
+use super::{AppState, openapi, parse};
+use crate::auth::Permission;
+use crate::domain::{Fence, LeaseEnd, LeaseHistory, PastLease};
+use crate::http::ApiError;
+
+/// How a lease in a history stands or ended.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+enum End {
+    /// The lease is the resource's live lease.
+    Live,
+    /// Its holder released it, or acquired the resource again while it was live.
+    Released,
+    /// It expired, and no other owner has taken the resource since.
+    Expired,
+    /// It expired, then another owner acquired the resource.
+    TakenOver,
+}
+
+impl From<LeaseEnd> for End {
+    fn from(end: LeaseEnd) -> Self {
+        match end {
+            LeaseEnd::Live => Self::Live,
+            LeaseEnd::Released => Self::Released,
+            LeaseEnd::Expired => Self::Expired,
+            LeaseEnd::TakenOver => Self::TakenOver,
+        }
+    }
+}
+
+/// One lease of the resource: neither its owner (the holder's secret) nor a `fence_token`
+/// (a right to write through a guard).
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = PastLease)]
+struct PastLeaseView {
+    /// The lease's fencing token.
+    #[schema(value_type = i64, minimum = 1, maximum = 9_007_199_254_740_991_i64)]
+    fence: Fence,
+    /// RFC 3339 UTC, millisecond precision.
+    #[schema(format = DateTime)]
+    acquired_at: String,
+    /// When it ended: the release time, or its `expires_at` (expired, taken over). `null`
+    /// while live.
+    #[schema(format = DateTime, required = true)]
+    ended_at: Option<String>,
+    end: End,
+    /// How often it was renewed.
+    #[schema(minimum = 0)]
+    renewals: u32,
+}
+
+impl PastLeaseView {
+    fn new(lease: &PastLease, history: &LeaseHistory) -> Self {
+        let (end, ended_at) = lease.end(history.observed_at);
+        Self {
+            fence: lease.fence,
+            acquired_at: rfc3339_millis(lease.acquired_at),
+            ended_at: ended_at.map(rfc3339_millis),
+            end: end.into(),
+            renewals: lease.renewals,
+        }
+    }
+}
+
+/// The resource's most recent leases, newest (greatest fence) first.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = LeaseHistory)]
+struct HistoryView<'a> {
+    /// The resource.
+    resource: &'a str,
+    leases: Vec<PastLeaseView>,
+}
+
+/// `GET /locks/{resource}/history?limit=N`
+#[utoipa::path(
+    get, path = "/locks/{resource}/history", tag = "locks",
+    params(openapi::ResourcePath, openapi::HistoryParams),
+    summary = "The resource's most recent leases, newest first, without owners",
+    responses(
+        (status = 200, body = HistoryView<'_>, description = "The leases; an empty list when there are none"),
+        openapi::HistoryProblems,
+    ),
+)]
+pub async fn history(
+    caller: Caller,
+    path: web::Path<String>,
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let request = parse::history(&path, req.query_string())?;
+    caller.allow(&request.resource, Permission::Read)?;
+
+    let history = state.ask(state.store.history(&request)).await?;
+    Ok(HttpResponse::Ok().json(HistoryView {
+        resource: request.resource.as_str(),
+        leases: history
+            .leases
+            .iter()
+            .map(|lease| PastLeaseView::new(lease, &history))
+            .collect(),
+    }))
+}
