@@ -11,6 +11,7 @@ mod listing;
 mod owner;
 mod resource_name;
 pub mod ttl;
+pub mod wait;
 
 pub use fence::{Fence, FenceError};
 #[cfg(feature = "fence-token")]
@@ -25,3 +26,4 @@ pub use listing::{
 pub use owner::{Owner, OwnerError};
 pub use resource_name::{ResourceName, ResourceNameError};
 pub use ttl::{Ttl, TtlError};
+pub use wait::{Ticket, WaitFor, WatchTimeout};

@@ -6,10 +6,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use prometheus::{HistogramVec, IntCounterVec};
 
-use super::{Deadline, LeaseStore, SharedStore, StoreError};
+use super::{Changes, Deadline, LeaseStore, SharedStore, StoreError};
 use crate::domain::{
     AcquireOutcome, AcquireRequest, Lease, LeasePage, ListRequest, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, ResourceName,
+    RenewOutcome, RenewRequest, ResourceName, Ticket,
 };
 use crate::metrics::{self, Registry, label};
 
@@ -114,7 +114,13 @@ timed_operations! {
     count_live() -> u64 = COUNT;
     list(req: &ListRequest) -> LeasePage = LIST;
     ping() -> () = PING;
+    enqueue(resource: &ResourceName, wait: Duration) -> Ticket = ENQUEUE;
+    dequeue(resource: &ResourceName, ticket: Ticket) -> () = DEQUEUE;
     @rest
+    fn changes(&self) -> std::sync::Arc<Changes> {
+        self.inner.changes()
+    }
+
     fn register_metrics(&self, registry: &Registry) {
         self.inner.register_metrics(registry);
     }

@@ -167,6 +167,8 @@ async fn by_the_store(app: &TestApp, resource: &str, state: State, op: Op, who: 
         owner: owner(name),
         ttl: ttl(),
         token: None,
+        wait: Default::default(),
+        ticket: None,
     };
     let mut fence_of_a = Fence::new(1).unwrap();
     if !matches!(state, Absent) {
@@ -181,7 +183,7 @@ async fn by_the_store(app: &TestApp, resource: &str, state: State, op: Op, who: 
     match op {
         Acquire => match store.acquire(&acquire(who), deadline()).await.unwrap() {
             AcquireOutcome::Acquired { how, .. } => V::Granted(how),
-            AcquireOutcome::Held => V::Held,
+            AcquireOutcome::Held { .. } => V::Held,
             other => panic!("no quota was asked for: {other:?}"),
         },
         Renew(g) => {

@@ -28,6 +28,8 @@ fn acquire(resource: &str, owner: &str) -> AcquireRequest {
         owner: Owner::parse(owner).unwrap(),
         ttl: ttl(),
         token: None,
+        wait: Default::default(),
+        ticket: None,
     }
 }
 
@@ -210,7 +212,7 @@ async fn contend(
             released.fetch_max(fence.get(), Ordering::SeqCst);
             grants.lock().unwrap().push(fence.get());
         }
-        Ok(AcquireOutcome::Held) => {
+        Ok(AcquireOutcome::Held { .. }) => {
             let renewed = store.renew(&renew(resource, me, None), in_time()).await;
             assert!(
                 !matches!(renewed, Ok(RenewOutcome::Renewed(_))),
@@ -246,7 +248,7 @@ async fn quotas_hold_under_concurrency(kind: StoreKind) {
         match outcome.unwrap() {
             AcquireOutcome::Acquired { .. } => granted_under_quota += 1,
             AcquireOutcome::QuotaExceeded { max_leases } => assert_eq!(max_leases, 3),
-            AcquireOutcome::Held => panic!("a free resource was held"),
+            AcquireOutcome::Held { .. } => panic!("a free resource was held"),
         }
     }
     assert_eq!(granted_under_quota, 3);

@@ -36,3 +36,5 @@ mod renew;
 mod restart;
 mod signed_fences;
 mod tls;
+mod waiting;
+mod watch;
