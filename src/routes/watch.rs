@@ -32,7 +32,7 @@ pub(super) struct WatchResponse<'a> {
     /// timeout, and always without `fence`.
     changed: bool,
     /// The live lease as inspect shows it (no owner), `null` when there is none.
-    #[schema(value_type = Option<openapi::LiveLease>)]
+    #[schema(value_type = Option<openapi::LiveLease>, required = true)]
     lock: Option<LockView<'a>>,
 }
 

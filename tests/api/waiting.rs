@@ -267,3 +267,96 @@ contract!(
     a_wait_runs_out_or_is_not_needed,
     wait_ms_follows_the_input_rules,
 );
+
+/// Two server processes on one SQLite file: a waiter on one is handed the lease released on
+/// the other, and a watch on one ends with that release; each within the bound (the other
+/// process's changes reach a process by its poll of the file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_and_watching_across_two_processes_on_one_sqlite_file() {
+    use crate::process::ServerProcess;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("shared.db").display());
+    let one = ServerProcess::start(Some(&url), dir.path());
+    let two = ServerProcess::start(Some(&url), dir.path());
+    let client = crate::helpers::client();
+    let mut handovers = Vec::new();
+    let mut watch_ends = Vec::new();
+    for round in 0..3 {
+        let resource = format!("job-{round}");
+        let held: Value = one
+            .acquire(&client, &resource, "holder")
+            .await
+            .json()
+            .await
+            .unwrap();
+        let held_fence = fence(&held["lock"]);
+        let waiter = tokio::spawn({
+            let (url, client) = (two.url(&format!("/locks/{resource}")), client.clone());
+            async move {
+                let answer: Value = client
+                    .post(url)
+                    .json(&json!({ "owner": "waiter", "ttl_seconds": TTL, "wait_ms": 30_000 }))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                answer
+            }
+        });
+        let watcher = tokio::spawn({
+            let url = two.url(&format!(
+                "/locks/{resource}/watch?fence={held_fence}&timeout_ms=60000"
+            ));
+            let client = client.clone();
+            async move {
+                let answer: Value = client.get(url).send().await.unwrap().json().await.unwrap();
+                (answer, Utc::now())
+            }
+        });
+        // Both are in place: the waiter's ticket is queued, and the watch has had its look.
+        let start = Instant::now();
+        loop {
+            let queued = rusqlite::Connection::open(dir.path().join("shared.db"))
+                .unwrap()
+                .query_row(
+                    "SELECT count(*) FROM lease_waiters WHERE resource = ?1",
+                    [&resource],
+                    |r| r.get::<_, i64>(0),
+                )
+                .unwrap();
+            if queued == 1 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the waiter never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let released_before = Utc::now();
+        let released = client
+            .delete(one.url(&format!("/locks/{resource}")))
+            .json(&json!({ "owner": "holder", "fence": held_fence }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(released.status(), 204);
+        let answer = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter is served")
+            .unwrap();
+        assert_eq!(answer["lock"]["owner"], "waiter", "{answer}");
+        handovers.push((at(&answer["lock"]["acquired_at"]) - released_before).num_milliseconds());
+        let (watched, ended) = tokio::time::timeout(Duration::from_secs(10), watcher)
+            .await
+            .expect("the watch ends")
+            .unwrap();
+        assert_eq!(watched["changed"], true, "{watched}");
+        watch_ends.push((ended - released_before).num_milliseconds());
+    }
+    assert_handovers(&handovers);
+    assert_handovers(&watch_ends);
+}
