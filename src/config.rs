@@ -5,6 +5,7 @@
 //! | `--bind` | `FENCELOCK_BIND` | `127.0.0.1:8080` |
 //! | `--database-url` | `DATABASE_URL` | unset: SQLite file `fencelock.db` |
 //! | `--max-ttl-seconds` | `FENCELOCK_MAX_TTL_SECONDS` | `86400` |
+//! | `--max-wait-ms` | `FENCELOCK_MAX_WAIT_MS` | `60000` (at most 3600000) |
 //! | `--pool-size` | `FENCELOCK_POOL_SIZE` | `16` |
 //! | `--pg-batch-max` | `FENCELOCK_PG_BATCH_MAX` | `64` |
 //! | `--log-format` | `FENCELOCK_LOG_FORMAT` | `text` |
@@ -52,6 +53,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::auth::Auth;
 use crate::domain::ttl::{DEFAULT_MAX_TTL_SECONDS, TTL_CEILING_SECONDS};
+use crate::domain::wait::{DEFAULT_MAX_WAIT_MS, WAIT_CEILING_MS};
 use crate::domain::{FenceKey, Ttl};
 pub use crate::store::{DEFAULT_PG_BATCH_MAX, DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
 use crate::store::{StoreConfig, StoreOptions};
@@ -131,6 +133,17 @@ pub struct ServerArgs {
         global = true
     )]
     pub max_ttl_seconds: u32,
+
+    /// Largest `wait_ms` an acquisition may ask for: how long a request may wait in the
+    /// queue of a held resource (holding its connection all along).
+    #[arg(
+        long,
+        env = "FENCELOCK_MAX_WAIT_MS",
+        default_value_t = DEFAULT_MAX_WAIT_MS,
+        value_parser = clap::value_parser!(u32).range(0..=i64::from(WAIT_CEILING_MS)),
+        global = true
+    )]
+    pub max_wait_ms: u32,
 
     /// Most PostgreSQL connections this instance opens.
     #[arg(
@@ -283,6 +296,8 @@ pub struct Settings {
     pub bind: SocketAddr,
     pub store: StoreConfig,
     pub max_ttl: Ttl,
+    /// The largest `wait_ms`.
+    pub max_wait_ms: u32,
     pub pool_size: usize,
     /// Most requests in one PostgreSQL batch (group commit); 1: none are batched.
     pub pg_batch_max: usize,
@@ -323,6 +338,7 @@ impl Settings {
             store: StoreConfig::from_url(args.database_url.as_deref())?,
             max_ttl: Ttl::max(args.max_ttl_seconds)
                 .ok_or_else(|| anyhow::anyhow!("--max-ttl-seconds is out of range"))?,
+            max_wait_ms: args.max_wait_ms,
             pool_size: usize::from(args.pool_size),
             pg_batch_max: usize::from(args.pg_batch_max),
             log_format: args.log_format,
@@ -361,6 +377,7 @@ impl Settings {
             bind: DEFAULT_BIND.parse().expect("the default address parses"),
             store,
             max_ttl: Ttl::max(DEFAULT_MAX_TTL_SECONDS).expect("the default is in range"),
+            max_wait_ms: DEFAULT_MAX_WAIT_MS,
             pool_size: usize::from(DEFAULT_POOL_SIZE),
             pg_batch_max: usize::from(DEFAULT_PG_BATCH_MAX),
             log_format: LogFormat::Text,

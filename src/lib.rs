@@ -21,6 +21,8 @@
 //! 4. [`guard`] (on [`http`] and [`domain`]): the write guard for protected services
 //!    (`Fencing-Token`, the signature check of `Guard`, the atomic fence check for
 //!    PostgreSQL and SQLite).
+//! 5. [`waiting`] (on [`store`]): waiting acquisitions (`wait_ms`), the loop that queues a
+//!    request and tries again on every change the store announces.
 //! 5. [`routes`] (on all of the above): the lease server's handlers: parse, ask the store,
 //!    render.
 //! 6. [`config`], [`startup`], [`shutdown`], [`telemetry`], [`tls`]: the server process:
@@ -71,3 +73,5 @@ pub mod store;
 pub mod telemetry;
 #[cfg(feature = "server")]
 pub mod tls;
+#[cfg(feature = "server")]
+pub mod waiting;

@@ -158,6 +158,9 @@ pub mod label {
         pub const COUNT: &str = "count";
         /// One page of `GET /locks`.
         pub const LIST: &str = "list";
+        /// A waiter taking its place in a resource's queue, and leaving it.
+        pub const ENQUEUE: &str = "enqueue";
+        pub const DEQUEUE: &str = "dequeue";
     }
 
     /// `kind` of `fencelock_store_errors_total`.
@@ -304,7 +307,7 @@ pub fn acquire_outcome(outcome: &AcquireOutcome) -> Option<Outcome> {
             Acquisition::Reacquired => Outcome::Reacquired,
             Acquisition::TakenOver => Outcome::TakenOver,
         },
-        AcquireOutcome::Held => Outcome::Held,
+        AcquireOutcome::Held { .. } => Outcome::Held,
         AcquireOutcome::QuotaExceeded { .. } => return None,
     })
 }

@@ -158,6 +158,7 @@ impl Application {
         let state = web::Data::new(AppState {
             store: store.clone(),
             max_ttl: settings.max_ttl,
+            max_wait_ms: settings.max_wait_ms,
             store_timeout: settings.store_timeout,
             metrics: lease_metrics,
             fence_key: settings.fence_key.clone(),
@@ -189,6 +190,11 @@ impl Application {
         // read), wait this long for the client to close before closing ourselves, instead
         // of actix's default second: a slow client is cut off close to the request timeout.
         .client_disconnect_timeout(DISCONNECT_LINGER)
+        // A client that closes its connection while its request is in progress is gone:
+        // the request's future is dropped at once (actix otherwise lets it run to its end,
+        // taking a half-closed connection for one that still reads). A waiting acquisition
+        // then leaves its queue at once (see `waiting`).
+        .h1_allow_half_closed(false)
         .workers(workers)
         .max_connections(per_worker);
         // Over TLS the same limits apply; the handshake has actix's own bound (3 s), after

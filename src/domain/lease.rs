@@ -1,9 +1,11 @@
 //! What the stores are asked and what they answer. Outcomes are enums, not errors: "held by
 //! someone else" or "expired" are ordinary answers. Store errors mean only "could not find out".
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 
-use super::{Fence, LockDelay, Owner, ResourceName, Ttl};
+use super::{Fence, LockDelay, Owner, ResourceName, Ticket, Ttl, WaitFor};
 
 /// A lease as the store holds it, with the store's clock reading at the moment it answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +38,13 @@ pub struct AcquireRequest {
     /// The bearer token the request came with, if the server checks tokens: the lease
     /// records it, and its quota is kept in the same atomic step as the grant.
     pub token: Option<TokenQuota>,
+    /// How long the request may wait while another owner holds the resource (`wait_ms`).
+    /// Stores ignore it: waiting happens above them (`crate::waiting`).
+    pub wait: WaitFor,
+    /// The caller's place in the resource's queue, while it waits: the store grants only to
+    /// the head of a non-empty queue, and to a request without a ticket only when nobody
+    /// waits.
+    pub ticket: Option<Ticket>,
 }
 
 /// Who took a lease, as the store records it, and how many live leases that token may hold.
@@ -80,9 +89,15 @@ pub enum AcquireOutcome {
         lease: Lease,
         how: Acquisition,
     },
-    /// A live lease of another owner exists, or another owner's lease expired less than
-    /// its lock delay ago.
-    Held,
+    /// A live lease of another owner exists, another owner's lease expired less than its
+    /// lock delay ago, or others wait for the resource ahead of the caller.
+    Held {
+        /// Time, by the store's clock, until the caller might get the resource without
+        /// anyone announcing a change: the end of the live lease's lock delay (its expiry,
+        /// without one), or when the queue ahead of it may change. Zero when unknown or past.
+        /// Waiters arm a timer on it.
+        free_in: Duration,
+    },
     /// The request's token already holds its `max_leases` live leases of other resources;
     /// nothing was written and no fence issued.
     QuotaExceeded {

@@ -13,6 +13,7 @@ mod lock_delay;
 mod owner;
 mod resource_name;
 pub mod ttl;
+pub mod wait;
 
 pub use fence::{Fence, FenceError};
 #[cfg(feature = "fence-token")]
@@ -29,3 +30,4 @@ pub use lock_delay::{LockDelay, LockDelayError};
 pub use owner::{Owner, OwnerError};
 pub use resource_name::{ResourceName, ResourceNameError};
 pub use ttl::{Ttl, TtlError};
+pub use wait::{Ticket, WaitFor, WatchTimeout};

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::auth::Caller;
 use super::metrics::Counted;
+use super::parse::Limits;
 use super::{AppState, openapi, parse};
 use crate::auth::Permission;
 use crate::domain::{
@@ -78,7 +79,7 @@ impl<'a> LockView<'a> {
     }
 
     /// Anyone's view: no owner.
-    fn without_owner(lease: &'a Lease, key: Option<&FenceKey>) -> Self {
+    pub(super) fn without_owner(lease: &'a Lease, key: Option<&FenceKey>) -> Self {
         Self {
             resource: lease.resource.as_str(),
             owner: None,
@@ -101,15 +102,27 @@ struct RenewResponse<'a> {
     lock: LockView<'a>,
 }
 
-/// `acquired: true` with the lock, or `acquired: false` while another owner holds it.
+/// `acquired: true` with the lock, or `acquired: false` while another owner holds it (or,
+/// while others wait for it, for anyone but the head of the queue).
 #[derive(Serialize, utoipa::ToSchema)]
 #[serde(untagged, deny_unknown_fields)]
 enum AcquireResponse<'a> {
-    Acquired { acquired: bool, lock: LockView<'a> },
-    Held { acquired: bool, resource: &'a str },
+    Acquired {
+        acquired: bool,
+        lock: LockView<'a>,
+        /// Only when the request carried a `wait_ms` above 0: how long it waited, in
+        /// milliseconds, from its arrival to the grant.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        #[schema(minimum = 0)]
+        waited_ms: Option<u64>,
+    },
+    Held {
+        acquired: bool,
+        resource: &'a str,
+    },
 }
 
-/// `POST /locks/{resource}` `{"owner", "ttl_seconds"}`
+/// `POST /locks/{resource}` `{"owner", "ttl_seconds", "wait_ms"?}`
 #[utoipa::path(
     post, path = "/locks/{resource}", tag = "locks", params(openapi::ResourcePath),
     summary = "Acquire a lease, or re-acquire it by the same owner (a new, greater fence)",
@@ -123,7 +136,13 @@ pub async fn acquire(
     LockWrite(mut request, caller, state): LockWrite<AcquireRequest>,
 ) -> Result<HttpResponse, ApiError> {
     request.token = caller.quota();
-    let outcome = write(&state, |deadline| state.store.acquire(&request, deadline)).await?;
+    let (outcome, waited) = if request.wait.is_zero() {
+        let outcome = write(&state, |deadline| state.store.acquire(&request, deadline)).await?;
+        (outcome, None)
+    } else {
+        let waited = waiting(&state, request.clone()).await?;
+        (waited.outcome, Some(waited.waited))
+    };
     let body = match &outcome {
         AcquireOutcome::Acquired { lease, how } => {
             let event = match how {
@@ -135,13 +154,14 @@ pub async fn acquire(
             AcquireResponse::Acquired {
                 acquired: true,
                 lock: LockView::with_owner(lease, state.fence_key.as_ref()),
+                waited_ms: waited.map(|w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX)),
             }
         }
         AcquireOutcome::QuotaExceeded { max_leases } => {
             log_refusal(&request.resource, &caller, "the token is at its quota");
             return Err(caller.quota_exceeded(*max_leases));
         }
-        AcquireOutcome::Held => {
+        AcquireOutcome::Held { .. } => {
             log_refusal(&request.resource, &caller, "held by another owner");
             AcquireResponse::Held {
                 acquired: false,
@@ -257,7 +277,7 @@ pub struct LockWrite<R>(R, Caller, web::Data<AppState>);
 
 /// A lock write's request: how [`LockWrite`] parses it, and what resource it locks.
 pub trait LockRequest: Sized + 'static {
-    fn parse(resource: &str, body: Object, max_ttl: Ttl) -> Result<Self, ApiError>;
+    fn parse(resource: &str, body: Object, limits: Limits) -> Result<Self, ApiError>;
     fn resource(&self) -> &ResourceName;
 }
 
@@ -265,8 +285,8 @@ pub trait LockRequest: Sized + 'static {
 macro_rules! lock_requests {
     ($($request:ty => $parse:expr;)*) => {$(
         impl LockRequest for $request {
-            fn parse(resource: &str, body: Object, max_ttl: Ttl) -> Result<Self, ApiError> {
-                $parse(resource, body, max_ttl)
+            fn parse(resource: &str, body: Object, limits: Limits) -> Result<Self, ApiError> {
+                $parse(resource, body, limits)
             }
 
             fn resource(&self) -> &ResourceName {
@@ -278,7 +298,7 @@ macro_rules! lock_requests {
 
 lock_requests! {
     AcquireRequest => parse::acquire;
-    RenewRequest => parse::renew;
+    RenewRequest => |resource, body, limits: Limits| parse::renew(resource, body, limits.max_ttl);
     ReleaseRequest => |resource, body, _| parse::release(resource, body);
 }
 
@@ -292,7 +312,7 @@ impl<R: LockRequest> FromRequest for LockWrite<R> {
         );
         Box::pin(async move {
             let (caller, path, JsonObject(body), state) = parts.await?;
-            let request = R::parse(&path, body, state.max_ttl)?;
+            let request = R::parse(&path, body, state.limits())?;
             caller.allow(request.resource(), Permission::Lock)?;
             Ok(Self(request, caller, state))
         })
@@ -309,6 +329,19 @@ where
 {
     let answer = state.write(operation).await;
     T::count(&state.metrics, answer.as_ref());
+    answer
+}
+
+/// A waiting acquisition (see [`crate::waiting`]), counted like any acquisition. It is
+/// bounded by its own wait and by each attempt's store deadline, not by one store timeout.
+async fn waiting(
+    state: &AppState,
+    request: AcquireRequest,
+) -> Result<crate::waiting::Waited, ApiError> {
+    let answer = super::store_answer(
+        crate::waiting::acquire(state.store.clone(), request, state.store_timeout).await,
+    );
+    AcquireOutcome::count(&state.metrics, answer.as_ref().map(|w| &w.outcome));
     answer
 }
 

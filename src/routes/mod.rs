@@ -9,6 +9,7 @@ mod locks;
 pub mod metrics;
 pub mod openapi;
 mod parse;
+mod watch;
 
 use std::time::Duration;
 
@@ -31,6 +32,8 @@ const ANSWER_GRACE: Duration = Duration::from_secs(1);
 pub struct AppState {
     pub store: SharedStore,
     pub max_ttl: Ttl,
+    /// `--max-wait-ms`: the largest `wait_ms` of an acquisition.
+    pub max_wait_ms: u32,
     /// Longest a request waits on the store; past it the answer is `503`, never a hang.
     pub store_timeout: Duration,
     pub metrics: metrics::LeaseMetrics,
@@ -39,6 +42,14 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The bounds a request's fields are checked against.
+    fn limits(&self) -> parse::Limits {
+        parse::Limits {
+            max_ttl: self.max_ttl,
+            max_wait_ms: self.max_wait_ms,
+        }
+    }
+
     /// Awaits a store read within the store timeout.
     async fn ask<T>(
         &self,
@@ -69,27 +80,35 @@ async fn bounded<T>(
     operation: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, ApiError> {
     match tokio::time::timeout(limit, operation).await {
-        Ok(Err(StoreError::NotWritable(cause))) => {
-            store::report_lasting(
-                "the lease store refuses writes; every write answers 503 until it is writable again",
-                &cause,
-            );
-            Err(ApiError::StoreNotWritable(cause))
-        }
-        Ok(Err(StoreError::Misconfigured(cause))) => {
-            store::report_lasting(
-                "the lease store cannot be used as configured; every request that needs it answers 503 until it is fixed",
-                &cause,
-            );
-            Err(ApiError::StoreUnavailable(cause))
-        }
-        Ok(result) => result.map_err(ApiError::from),
+        Ok(result) => store_answer(result),
         Err(_) => {
             metrics.timed_out();
             Err(ApiError::StoreUnavailable(anyhow::anyhow!(
                 "the store did not answer within {limit:?}"
             )))
         }
+    }
+}
+
+/// The store's answer as the handler's: failures that will not heal by waiting are reported
+/// loudly (once in a while) before they become a `503`.
+fn store_answer<T>(result: Result<T, StoreError>) -> Result<T, ApiError> {
+    match result {
+        Err(StoreError::NotWritable(cause)) => {
+            store::report_lasting(
+                "the lease store refuses writes; every write answers 503 until it is writable again",
+                &cause,
+            );
+            Err(ApiError::StoreNotWritable(cause))
+        }
+        Err(StoreError::Misconfigured(cause)) => {
+            store::report_lasting(
+                "the lease store cannot be used as configured; every request that needs it answers 503 until it is fixed",
+                &cause,
+            );
+            Err(ApiError::StoreUnavailable(cause))
+        }
+        result => result.map_err(ApiError::from),
     }
 }
 
@@ -126,5 +145,6 @@ fn lock_routes(cfg: &mut web::ServiceConfig) {
     .service(
         guarded("/locks/{resource:[^/]*}/history", "GET").route(web::get().to(history::history)),
     )
+    .service(guarded("/locks/{resource:[^/]*}/watch", "GET").route(web::get().to(watch::watch)))
     .service(guarded("/locks", "GET").route(web::get().to(listing::list)));
 }

@@ -12,7 +12,7 @@ use serde_json::Value;
 use utoipa::OpenApi;
 use utoipa::openapi::RefOr;
 
-use super::{AppState, health, history, listing, locks};
+use super::{AppState, health, history, listing, locks, watch};
 use crate::domain::Ttl;
 use crate::http::ApiError;
 use crate::http::openapi::{
@@ -35,6 +35,7 @@ pub const VERSION_PREFIX: &str = "/v1";
         locks::inspect,
         locks::release,
         locks::renew,
+        watch::watch,
         listing::list,
         history::history,
         health::healthz,
@@ -50,16 +51,19 @@ struct LeaseServerApi;
 
 /// `GET /openapi.json`
 pub async fn serve(state: web::Data<AppState>) -> HttpResponse {
-    crate::http::openapi::serve(&document(state.max_ttl))
+    crate::http::openapi::serve(&document(state.max_ttl, state.max_wait_ms))
 }
 
-/// The whole document, for a server whose longest TTL is `max_ttl`.
-pub fn document(max_ttl: Ttl) -> Value {
+/// The whole document, for a server whose longest TTL is `max_ttl` and longest wait
+/// `max_wait_ms`.
+pub fn document(max_ttl: Ttl, max_wait_ms: u32) -> Value {
     let mut doc = finish(LeaseServerApi::openapi());
     for body in ["AcquireBody", "RenewBody"] {
         doc["components"]["schemas"][body]["properties"]["ttl_seconds"]["maximum"] =
             Value::from(max_ttl.seconds());
     }
+    doc["components"]["schemas"]["AcquireBody"]["properties"]["wait_ms"]["maximum"] =
+        Value::from(max_wait_ms);
     // An untagged enum's variants: closed, and told apart by `acquired` too.
     let answers = &mut doc["components"]["schemas"]["AcquireResponse"]["oneOf"];
     for (variant, acquired) in answers
@@ -187,6 +191,25 @@ pub struct HistoryParams {
     limit: Option<u32>,
 }
 
+/// The query of `GET /locks/{resource}/watch`. Any other parameter, or one given twice, is
+/// `422`.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[expect(
+    dead_code,
+    reason = "the wire shape, for the document; routes::parse reads it"
+)]
+pub struct WatchParams {
+    /// The fence of the lease to wait for the end of. Absent: answer at once with the live
+    /// lease (`changed: false`).
+    #[param(minimum = 1, maximum = 9_007_199_254_740_991_i64)]
+    fence: Option<i64>,
+    /// Longest wait, in milliseconds: 1-300000, default 30000. Then the answer is
+    /// `changed: false` with the live lease.
+    #[param(minimum = 1, maximum = 300000)]
+    timeout_ms: Option<u32>,
+}
+
 /// The body of `POST /locks/{resource}`. Unknown fields are `422`.
 #[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -208,6 +231,11 @@ pub struct AcquireBody {
     /// takes the new request's value.
     #[schema(minimum = 0, maximum = 60000, default = 0)]
     lock_delay_ms: Option<i64>,
+    /// While another owner holds the resource (or others wait for it), wait up to this many
+    /// milliseconds for it, in arrival order with every other waiter: 0 (the default: answer
+    /// at once) to the server's maximum (`--max-wait-ms`). Then answer as without it.
+    #[schema(minimum = 0, maximum = 60000)]
+    wait_ms: Option<i64>,
 }
 
 /// The body of `POST /locks/{resource}/renew`. Unknown fields are `422`.
@@ -276,6 +304,7 @@ crate::problem_answers! {
     ])));
     ListProblems => lock_problems(Vec::new());
     HistoryProblems => lock_problems(Vec::new());
+    WatchProblems => lock_problems(Vec::new());
     ReadyProblems => vec![ApiError::NotReady(String::new())];
 }
 

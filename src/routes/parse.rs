@@ -6,19 +6,28 @@ use serde_json::value::RawValue;
 
 use crate::domain::{
     AcquireRequest, Fence, HistoryLimit, HistoryRequest, LockDelay, Owner, PageLimit,
-    ReleaseRequest, RenewRequest, ResourceName, ResourcePrefix, Ttl,
+    ReleaseRequest, RenewRequest, ResourceName, ResourcePrefix, Ttl, WaitFor, WatchTimeout,
 };
 use crate::http::body::{self, Object};
 use crate::http::problem::{ApiError, FieldError};
 use crate::http::query::{self, Params, decimal};
 
-/// `POST /locks/{resource}` `{"owner", "ttl_seconds", "lock_delay_ms"?}`
-pub fn acquire(resource: &str, body: Object, max_ttl: Ttl) -> Result<AcquireRequest, ApiError> {
+/// The server's bounds on what a request may ask for.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_ttl: Ttl,
+    /// `--max-wait-ms`: the largest `wait_ms`.
+    pub max_wait_ms: u32,
+}
+
+/// `POST /locks/{resource}` `{"owner", "ttl_seconds", "lock_delay_ms"?, "wait_ms"?}`
+pub fn acquire(resource: &str, body: Object, limits: Limits) -> Result<AcquireRequest, ApiError> {
     let mut fields = Fields::new(body);
     let resource = fields.resource(resource);
     let owner = fields.required("owner", owner);
-    let ttl = fields.required("ttl_seconds", |raw| ttl(raw, max_ttl));
+    let ttl = fields.required("ttl_seconds", |raw| ttl(raw, limits.max_ttl));
     let lock_delay = fields.optional("lock_delay_ms", lock_delay);
+    let wait = fields.optional("wait_ms", |raw| wait(raw, limits.max_wait_ms));
     fields.finish()?;
     Ok(AcquireRequest {
         resource: present(resource)?,
@@ -26,7 +35,13 @@ pub fn acquire(resource: &str, body: Object, max_ttl: Ttl) -> Result<AcquireRequ
         ttl: present(ttl)?,
         lock_delay: lock_delay.unwrap_or_default(),
         token: None,
+        wait: wait.unwrap_or_default(),
+        ticket: None,
     })
+}
+
+fn wait(raw: &RawValue, max_ms: u32) -> Result<WaitFor, String> {
+    WaitFor::new(body::integer(raw)?, max_ms)
 }
 
 /// `POST /locks/{resource}/renew` `{"owner", "ttl_seconds", "fence"?}`
@@ -247,6 +262,61 @@ pub fn history(resource: &str, query: &str) -> Result<HistoryRequest, ApiError> 
     }
 }
 
+/// The query of `GET /locks/{resource}/watch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchQuery {
+    /// The fence of the lease the caller waits to see end; `None`: answer at once.
+    pub fence: Option<Fence>,
+    pub timeout: WatchTimeout,
+}
+
+/// `GET /locks/{resource}/watch?fence=F&timeout_ms=T`, both optional; unknown or repeated
+/// parameters are a `422` as for the list.
+pub fn watch(query: &str) -> Result<WatchQuery, ApiError> {
+    let Params {
+        values: [fence, timeout],
+        mut errors,
+    } = query::params(
+        query,
+        ["fence", "timeout_ms"],
+        "is not a known parameter; the parameters are fence and timeout_ms",
+        "is given more than once",
+    )
+    .map_err(|e| ApiError::Validation(vec![e]))?;
+    let mut checked = WatchQuery {
+        fence: None,
+        timeout: WatchTimeout::default(),
+    };
+    if let Some(text) = fence {
+        match decimal(&text)
+            .and_then(|n| i64::try_from(n).ok())
+            .map(Fence::new)
+        {
+            Some(Ok(parsed)) => checked.fence = Some(parsed),
+            _ => errors.push(FieldError::new(
+                "fence",
+                "must be a fence: an integer from 1 to 2^53 - 1",
+            )),
+        }
+    }
+    if let Some(text) = timeout {
+        match decimal(&text).and_then(WatchTimeout::new) {
+            Some(parsed) => checked.timeout = parsed,
+            None => errors.push(FieldError::new(
+                "timeout_ms",
+                format!(
+                    "must be an integer from 1 to {} (milliseconds)",
+                    crate::domain::wait::WATCH_TIMEOUT_MAX_MS
+                ),
+            )),
+        }
+    }
+    match errors.is_empty() {
+        true => Ok(checked),
+        false => Err(ApiError::Validation(errors)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
@@ -269,9 +339,71 @@ mod tests {
         }
     }
 
+    fn limits() -> Limits {
+        Limits {
+            max_ttl: day(),
+            max_wait_ms: 60_000,
+        }
+    }
+
     fn acquire_with(ttl: &Value) -> Result<AcquireRequest, ApiError> {
         let body = format!(r#"{{"owner": "a", "ttl_seconds": {ttl}}}"#);
-        acquire("job:1", object(&body), day())
+        acquire("job:1", object(&body), limits())
+    }
+
+    #[test]
+    fn wait_ms_is_an_integer_up_to_the_maximum() {
+        let with = |wait: &str| {
+            let body = format!(r#"{{"owner": "a", "ttl_seconds": 5{wait}}}"#);
+            acquire("job:1", object(&body), limits())
+        };
+        assert!(with("").unwrap().wait.is_zero());
+        assert!(with(r#", "wait_ms": null"#).unwrap().wait.is_zero());
+        assert!(with(r#", "wait_ms": 0"#).unwrap().wait.is_zero());
+        assert_eq!(
+            with(r#", "wait_ms": 60000"#)
+                .unwrap()
+                .wait
+                .duration()
+                .as_millis(),
+            60_000
+        );
+        for bad in ["-1", "60001", "\"5\"", "5.0", "1e3", "true", "1e400"] {
+            assert_eq!(
+                invalid(with(&format!(r#", "wait_ms": {bad}"#))),
+                ["wait_ms"],
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn watch_parameters_have_defaults_and_bounds() {
+        let all = watch("").unwrap();
+        assert_eq!(all.fence, None);
+        assert_eq!(all.timeout, WatchTimeout::default());
+        let some = watch("fence=7&timeout_ms=300000").unwrap();
+        assert_eq!(some.fence, Some(Fence::new(7).unwrap()));
+        assert_eq!(some.timeout, WatchTimeout::new(300_000).unwrap());
+        for bad in [
+            "fence=0",
+            "fence=-1",
+            "fence=x",
+            "fence=9007199254740992",
+            "fence=",
+        ] {
+            assert_eq!(invalid(watch(bad)), ["fence"], "{bad}");
+        }
+        for bad in [
+            "timeout_ms=0",
+            "timeout_ms=300001",
+            "timeout_ms=1.5",
+            "timeout_ms=99999999999999999999",
+        ] {
+            assert_eq!(invalid(watch(bad)), ["timeout_ms"], "{bad}");
+        }
+        assert_eq!(invalid(watch("fence=1&fence=1")), ["fence"]);
+        assert_eq!(invalid(watch("timeout=5")), ["timeout"]);
     }
 
     #[test]
@@ -303,7 +435,7 @@ mod tests {
         let unknown = acquire(
             "job:1",
             object(r#"{"owner": "a", "ttl_seconds": 5, "ttl": 1e400}"#),
-            day(),
+            limits(),
         );
         let Err(ApiError::Validation(errors)) = unknown else {
             panic!("expected a validation error");
@@ -313,7 +445,11 @@ mod tests {
 
     #[test]
     fn all_problems_are_listed_together() {
-        let result = acquire("", object(r#"{"owner": " ", "ttl": 5, "extra": 1}"#), day());
+        let result = acquire(
+            "",
+            object(r#"{"owner": " ", "ttl": 5, "extra": 1}"#),
+            limits(),
+        );
         assert_eq!(
             invalid(result),
             ["resource", "owner", "ttl_seconds", "extra", "ttl"]
@@ -345,7 +481,7 @@ mod tests {
     fn lock_delay_is_optional_and_a_strict_integer_in_range() {
         let with = |delay: &str| {
             let body = format!(r#"{{"owner": "a", "ttl_seconds": 5{delay}}}"#);
-            acquire("job:1", object(&body), day())
+            acquire("job:1", object(&body), limits())
         };
         assert_eq!(with("").unwrap().lock_delay, LockDelay::NONE);
         assert_eq!(

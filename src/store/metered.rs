@@ -6,10 +6,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use prometheus::{HistogramVec, IntCounterVec};
 
-use super::{Deadline, LeaseStore, SharedStore, StoreError};
+use super::{Changes, Deadline, LeaseStore, SharedStore, StoreError};
 use crate::domain::{
     AcquireOutcome, AcquireRequest, HistoryRequest, Lease, LeaseHistory, LeasePage, ListRequest,
-    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ticket,
 };
 use crate::metrics::{self, Registry, label};
 
@@ -129,9 +129,15 @@ timed_operations! {
     count_live() -> u64 = COUNT;
     list(req: &ListRequest) -> LeasePage = LIST;
     ping() -> () = PING;
+    enqueue(resource: &ResourceName, wait: Duration) -> Ticket = ENQUEUE;
+    dequeue(resource: &ResourceName, ticket: Ticket) -> () = DEQUEUE;
     @rest
     async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory, StoreError> {
         self.counted(self.inner.history(req)).await
+    }
+
+    fn changes(&self) -> std::sync::Arc<Changes> {
+        self.inner.changes()
     }
 
     fn register_metrics(&self, registry: &Registry) {

@@ -9,6 +9,7 @@
 //! two chores run beside the server ([`chore::Chore`]): [`purge::Purge`] and
 //! [`live::LiveLeases`].
 
+pub mod changes;
 pub mod chore;
 mod config;
 pub mod live;
@@ -24,8 +25,9 @@ use async_trait::async_trait;
 
 use crate::domain::{
     AcquireOutcome, AcquireRequest, HistoryRequest, Lease, LeaseHistory, LeasePage, ListRequest,
-    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ticket,
 };
+pub use changes::{Changes, Subscription};
 pub use config::{
     DEFAULT_PG_BATCH_MAX, DEFAULT_POOL_SIZE, DEFAULT_SQLITE_FILE, DEFAULT_STORE_TIMEOUT_MS,
     StoreConfig, StoreOptions,
@@ -123,6 +125,20 @@ pub trait LeaseStore: Send + Sync + 'static {
         req: &AcquireRequest,
         deadline: Deadline,
     ) -> Result<AcquireOutcome, StoreError>;
+
+    /// Puts a waiter at the end of `resource`'s queue, for at most `wait` (by the store's
+    /// clock, after which its ticket is skipped); returns its ticket. Pass it in
+    /// [`AcquireRequest::ticket`] and [`LeaseStore::dequeue`] it when the wait ends without
+    /// a grant (a grant takes it out of the queue itself).
+    async fn enqueue(&self, resource: &ResourceName, wait: Duration) -> Result<Ticket, StoreError>;
+
+    /// Takes a waiter's ticket out of the queue (it has stopped waiting). Taking out a
+    /// ticket that is gone already is no error.
+    async fn dequeue(&self, resource: &ResourceName, ticket: Ticket) -> Result<(), StoreError>;
+
+    /// The wake registry this store announces changes to: the grants, releases and
+    /// dequeues of every process sharing the store (see [`changes`]).
+    fn changes(&self) -> Arc<Changes>;
 
     /// The live lease of `resource`, if any. Expired leases are absent.
     async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError>;
@@ -268,6 +284,7 @@ pub async fn open(config: &StoreConfig, options: StoreOptions) -> anyhow::Result
                     tracing::warn!(error = %e, "PostgreSQL is not available yet; serving 503 until it is");
                 }
             }
+            store.listen();
             Ok(Arc::new(store))
         }
         StoreConfig::Sqlite(path) => {

@@ -20,17 +20,18 @@ use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
-use super::{Deadline, LeaseStore, StoreError};
+use super::{Changes, Deadline, LeaseStore, StoreError};
 use crate::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Lease, LeaseHistory, Owner,
     PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
-    ResourceName,
+    ResourceName, Ticket,
 };
 use crate::domain::{LeasePage, ListRequest, ListedLease};
 use crate::metrics::Registry;
 
 mod batch;
 mod clock;
+mod listen;
 pub mod tls;
 
 use batch::{BatchMetrics, Batcher};
@@ -218,6 +219,10 @@ pub struct PgStore {
     batcher: Option<Batcher>,
     /// Shown (at zero) also without batches.
     batch_metrics: BatchMetrics,
+    /// Where the changes this database announces go (see [`listen`]).
+    changes: Arc<Changes>,
+    /// The LISTEN session, once [`PgStore::listen`] started it; it ends with the store.
+    listener: std::sync::Mutex<Option<listen::Listener>>,
 }
 
 /// The pool and what every statement needs: shared by the store's requests and its
@@ -256,7 +261,25 @@ impl PgStore {
             db,
             batcher,
             batch_metrics,
+            changes: Changes::new(),
+            listener: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Starts the session that receives the changes every instance announces (grants,
+    /// releases, dequeues), for this instance's waiters and watchers. Once; the server
+    /// does it, `fencelock check` does not.
+    pub fn listen(&self) {
+        let mut listener = self
+            .listener
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if listener.is_none() {
+            *listener = Some(listen::Listener::start(
+                self.db.config.clone(),
+                self.changes.clone(),
+            ));
+        }
     }
 
     /// Applies the migrations once; safe when several instances start at the same time.
@@ -437,9 +460,26 @@ impl Db {
 /// The decision, the token's quota and the fence live in `fencelock_acquire` (see the
 /// migrations): one round trip, one transaction, and a fence only for an acquisition that
 /// happens. The deadline comes last among the parameters (see `write_opt`).
+///
+/// A refusal is a row too (`how` 'held'), whose `expires_at` says when the caller might get
+/// the resource (migration V7).
 const ACQUIRE: &str = "
 SELECT fence, acquired_at, expires_at, observed_at, how
-FROM fencelock_acquire($1, $2, $3, $7, $4::text, $5::integer, $6::integer)";
+FROM fencelock_acquire($1, $2, $3, $8, $4::text, $5::integer, $6::integer, $7::bigint)";
+
+/// A new ticket at the end of the resource's queue, live for `$2` ms by the database's clock.
+const ENQUEUE: &str = "
+INSERT INTO lease_waiters (resource, expires_at)
+VALUES ($1, now() + $2::bigint * interval '1 millisecond')
+RETURNING ticket";
+
+/// Its trigger announces the change, so the next waiter looks again.
+const DEQUEUE: &str = "DELETE FROM lease_waiters WHERE ticket = $1";
+
+/// Tickets of waiters that are gone without leaving the queue (their process died): skipped
+/// since their expiry, deleted here once a minute has passed.
+const PURGE_WAITERS: &str =
+    "DELETE FROM lease_waiters WHERE expires_at < now() - interval '1 minute'";
 
 const INSPECT: &str = "
 SELECT owner, fence, acquired_at, expires_at, now()
@@ -455,12 +495,13 @@ ON CONFLICT (id) DO UPDATE SET checked_at = EXCLUDED.checked_at";
 
 /// What `check` reads to make sure the tables and functions the statements use are there, with
 /// the columns they use. Reads only.
-const SCHEMA_PROBES: [&str; 5] = [
+const SCHEMA_PROBES: [&str; 6] = [
     "SELECT resource, owner, fence, acquired_at, expires_at, token, lock_delay_ms FROM leases LIMIT 0",
     "SELECT fence, resource, acquired_at, expires_at, ended_at, end_kind, renewals FROM lease_history LIMIT 0",
+    "SELECT ticket, resource, expires_at FROM lease_waiters LIMIT 0",
     "SELECT id, checked_at FROM store_probe LIMIT 0",
     "SELECT last_value FROM lease_fence",
-    "SELECT 'fencelock_acquire(text,text,integer,timestamp with time zone,text,integer,integer)'::regprocedure,
+    "SELECT 'fencelock_acquire(text,text,integer,timestamp with time zone,text,integer,integer,bigint)'::regprocedure,
             'fencelock_in_time(timestamp with time zone)'::regprocedure,
             'fencelock_apply(text[],text[],text[],integer[],bigint[],text[],timestamp with time zone[],integer,integer[])'::regprocedure",
 ];
@@ -518,17 +559,24 @@ impl Db {
             .and_then(|t| t.max_leases)
             .map(|max| i32::try_from(max).unwrap_or(i32::MAX));
         let lock_delay = lock_delay_param(req);
-        let params: [&(dyn ToSql + Sync); 6] = [
+        let ticket = req.ticket.map(Ticket::get);
+        let params: [&(dyn ToSql + Sync); 7] = [
             &req.resource.as_str(),
             &req.owner.as_str(),
             &ttl,
             &token,
             &max_leases,
             &lock_delay,
+            &ticket,
         ];
         let Some(row) = self.write_opt(ACQUIRE, &params, deadline, 3).await? else {
-            return Ok(AcquireOutcome::Held);
+            return Err(StoreError::Internal(anyhow::anyhow!(
+                "fencelock_acquire gave no answer"
+            )));
         };
+        if row.get::<_, &str>(4) == "held" {
+            return Ok(held(row.get(2), row.get(3)));
+        }
         if row.get::<_, &str>(4) == "quota_exceeded" {
             return Ok(AcquireOutcome::QuotaExceeded {
                 max_leases: req.token.as_ref().and_then(|t| t.max_leases).unwrap_or(0),
@@ -589,18 +637,44 @@ impl Db {
 impl LeaseStore for PgStore {
     /// An acquisition with a quota is decided alone: its token's advisory lock must not be
     /// taken inside a batch, whose transactions take row locks only, in resource order (see
-    /// [`batch`]).
+    /// [`batch`]). So is a waiter's (with a ticket): `fencelock_apply` takes no tickets, and
+    /// a waiter's attempts are few (one per change of its resource).
     #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
     async fn acquire(
         &self,
         req: &AcquireRequest,
         deadline: Deadline,
     ) -> Result<AcquireOutcome, StoreError> {
-        let quota = req.token.as_ref().is_some_and(|t| t.max_leases.is_some());
+        let alone =
+            req.token.as_ref().is_some_and(|t| t.max_leases.is_some()) || req.ticket.is_some();
         match &self.batcher {
-            Some(batcher) if !quota => batcher.acquire(req, deadline).await,
+            Some(batcher) if !alone => batcher.acquire(req, deadline).await,
             _ => self.db.acquire_alone(req, deadline).await,
         }
+    }
+
+    async fn enqueue(&self, resource: &ResourceName, wait: Duration) -> Result<Ticket, StoreError> {
+        let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
+        let row = self
+            .db
+            .query_opt(ENQUEUE, &[&resource.as_str(), &wait_ms])
+            .await?
+            .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("no ticket was issued")))?;
+        Ok(Ticket::new(row.get(0)))
+    }
+
+    async fn dequeue(&self, _resource: &ResourceName, ticket: Ticket) -> Result<(), StoreError> {
+        let client = self.db.client().await?;
+        let statement = client.prepare_cached(DEQUEUE).await.map_err(classify)?;
+        client
+            .execute(&statement, &[&ticket.get()])
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    fn changes(&self) -> Arc<Changes> {
+        self.changes.clone()
     }
 
     #[tracing::instrument(skip_all, fields(lease.resource = %resource))]
@@ -648,6 +722,7 @@ impl LeaseStore for PgStore {
         let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let client = self.db.client().await?;
+        client.execute(PURGE_WAITERS, &[]).await.map_err(classify)?;
         let statement = client.prepare_cached(PURGE).await.map_err(classify)?;
         client
             .execute(&statement, &[&grace_ms, &limit])
@@ -721,6 +796,15 @@ impl LeaseStore for PgStore {
     fn describe(&self) -> String {
         self.db.describe()
     }
+}
+
+/// A refusal: the resource might be the caller's at `free_at`, by the database's clock, read at
+/// `now` (NULL: unknown, so look again soon).
+fn held(free_at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> AcquireOutcome {
+    let free_in = free_at
+        .and_then(|at| (at - now).to_std().ok())
+        .unwrap_or_default();
+    AcquireOutcome::Held { free_in }
 }
 
 /// The event a grant names, as the SQL functions spell it.

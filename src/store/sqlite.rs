@@ -11,6 +11,7 @@
 //! the file itself. A process that cannot get the lock within [`BUSY_TIMEOUT`] answers `503`.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
@@ -19,18 +20,20 @@ use chrono::{DateTime, Utc};
 use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Deadline, LeaseStore, StoreError};
+use super::{Changes, Deadline, LeaseStore, StoreError};
 use crate::domain::decide::{self, AcquireVerdict};
 use crate::domain::{
-    AcquireOutcome, AcquireRequest, Fence, HistoryRequest, Lease, LeaseHistory, LockDelay, Owner,
-    PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
-    ResourceName, TokenQuota,
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Lease, LeaseHistory,
+    LockDelay, Owner, PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome,
+    RenewRequest, ResourceName, Ticket, TokenQuota,
 };
 use crate::domain::{LeasePage, ListRequest, ListedLease};
 
 mod embedded {
     refinery::embed_migrations!("migrations/sqlite");
 }
+
+mod poll;
 
 /// How long a transaction waits for another process's write lock before answering `503`.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -42,6 +45,9 @@ const QUEUE_DEPTH: usize = 4096;
 pub struct SqliteStore {
     jobs: mpsc::Sender<Box<dyn Job>>,
     path: PathBuf,
+    /// Told of every grant, release and dequeue: this process's own right after the commit,
+    /// other processes' by [`poll`].
+    changes: Arc<Changes>,
 }
 
 impl SqliteStore {
@@ -64,9 +70,12 @@ impl SqliteStore {
             .name("fencelock-sqlite".to_owned())
             .spawn(move || run_jobs(conn, &thread_path, queue))
             .context("starting the SQLite thread")?;
+        let changes = Changes::new();
+        poll::start(path, &changes)?;
         Ok(Self {
             jobs,
             path: path.to_owned(),
+            changes,
         })
     }
 
@@ -126,9 +135,10 @@ pub fn check(path: &Path) -> anyhow::Result<String> {
 
 /// What `check` reads to make sure the tables the statements use are there, with the columns
 /// they use. Reads only.
-const SCHEMA_PROBES: [&str; 4] = [
+const SCHEMA_PROBES: [&str; 5] = [
     "SELECT resource, owner, fence, acquired_at, expires_at, token, lock_delay_ms FROM leases LIMIT 0",
     "SELECT fence, resource, acquired_at, expires_at, ended_at, end_kind, renewals FROM lease_history LIMIT 0",
+    "SELECT ticket, resource, expires_at FROM lease_waiters LIMIT 0",
     "SELECT last_fence FROM fence_counter WHERE id = 1",
     "SELECT writes FROM store_probe WHERE id = 1",
 ];
@@ -433,8 +443,21 @@ fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome, St
         timestamp(now)?,
     ) {
         AcquireVerdict::Grant(how) => how,
-        AcquireVerdict::Held => return Ok(AcquireOutcome::Held),
+        AcquireVerdict::Held => {
+            // Another owner's live lease, or its lock delay after expiry: free at the end
+            // of the delay.
+            let until = row.map_or(now, |row| {
+                row.lock_delay.free_at(row.expires_at).timestamp_millis()
+            });
+            return Ok(held(until, now));
+        }
     };
+    // The queue comes first, unless this is the live holder re-acquiring.
+    if how != Acquisition::Reacquired
+        && let Some(until) = waiters_ahead(conn, &req.resource, req.ticket, now)?
+    {
+        return Ok(held(until, now));
+    }
     let fence: i64 = conn
         .prepare_cached(
             "UPDATE fence_counter SET last_fence = last_fence + 1 WHERE id = 1 RETURNING last_fence",
@@ -463,6 +486,9 @@ fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome, St
     })
     .map_err(classify)?;
     history::granted(conn, req, row.as_ref(), fence, now, expires)?;
+    if let Some(ticket) = req.ticket {
+        dequeue(conn, ticket)?;
+    }
     let lease = lease(
         &req.resource,
         &req.owner,
@@ -472,6 +498,56 @@ fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome, St
         now,
     )?;
     Ok(AcquireOutcome::Acquired { lease, how })
+}
+
+fn held(free_at_ms: i64, now: i64) -> AcquireOutcome {
+    let free_in = u64::try_from(free_at_ms.saturating_sub(now)).unwrap_or(0);
+    AcquireOutcome::Held {
+        free_in: Duration::from_millis(free_in),
+    }
+}
+
+/// `None` when no live ticket of the resource is ahead of `ticket` (without a ticket: when
+/// none is queued at all); otherwise the earliest expiry among those ahead, the first moment
+/// the queue may change without anyone saying so. A grant is allowed only on `None`.
+fn waiters_ahead(
+    conn: &Connection,
+    resource: &ResourceName,
+    ticket: Option<Ticket>,
+    now: i64,
+) -> Result<Option<i64>, StoreError> {
+    conn.prepare_cached(
+        "SELECT min(expires_at) FROM lease_waiters
+         WHERE resource = ?1 AND expires_at > ?2 AND (?3 IS NULL OR ticket < ?3)",
+    )
+    .and_then(|mut s| {
+        s.query_row(
+            params![resource.as_str(), now, ticket.map(Ticket::get)],
+            |r| r.get(0),
+        )
+    })
+    .map_err(classify)
+}
+
+fn enqueue(
+    conn: &Connection,
+    resource: &ResourceName,
+    wait: Duration,
+) -> Result<Ticket, StoreError> {
+    let until = now_ms().saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
+    conn.prepare_cached(
+        "INSERT INTO lease_waiters (resource, expires_at) VALUES (?1, ?2) RETURNING ticket",
+    )
+    .and_then(|mut s| s.query_row(params![resource.as_str(), until], |r| r.get(0)))
+    .map(Ticket::new)
+    .map_err(classify)
+}
+
+fn dequeue(conn: &Connection, ticket: Ticket) -> Result<(), StoreError> {
+    conn.prepare_cached("DELETE FROM lease_waiters WHERE ticket = ?1")
+        .and_then(|mut s| s.execute([ticket.get()]))
+        .map(|_| ())
+        .map_err(classify)
 }
 
 fn inspect(conn: &Connection, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
@@ -539,6 +615,11 @@ fn release(conn: &Connection, req: &ReleaseRequest) -> Result<ReleaseOutcome, St
 fn purge_batch(conn: &Connection, grace: Duration, limit: u64) -> Result<u64, StoreError> {
     let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
     let cutoff = now_ms().saturating_sub(grace_ms);
+    // Tickets of waiters that are gone without leaving the queue (their process died):
+    // skipped since their expiry, deleted once a minute has passed.
+    conn.prepare_cached("DELETE FROM lease_waiters WHERE expires_at < ?1")
+        .and_then(|mut s| s.execute([now_ms().saturating_sub(60_000)]))
+        .map_err(classify)?;
     conn.prepare_cached(
         "DELETE FROM leases WHERE resource IN
             (SELECT resource FROM leases
@@ -564,9 +645,31 @@ impl LeaseStore for SqliteStore {
         req: &AcquireRequest,
         deadline: Deadline,
     ) -> Result<AcquireOutcome, StoreError> {
+        let resource = req.resource.clone();
         let req = req.clone();
-        self.call(Some(deadline), move |conn| acquire(conn, &req))
+        let outcome = self
+            .call(Some(deadline), move |conn| acquire(conn, &req))
+            .await?;
+        if matches!(outcome, AcquireOutcome::Acquired { .. }) {
+            self.changes.changed(resource.as_str());
+        }
+        Ok(outcome)
+    }
+
+    async fn enqueue(&self, resource: &ResourceName, wait: Duration) -> Result<Ticket, StoreError> {
+        let resource = resource.clone();
+        self.call(None, move |conn| enqueue(conn, &resource, wait))
             .await
+    }
+
+    async fn dequeue(&self, resource: &ResourceName, ticket: Ticket) -> Result<(), StoreError> {
+        self.call(None, move |conn| dequeue(conn, ticket)).await?;
+        self.changes.changed(resource.as_str());
+        Ok(())
+    }
+
+    fn changes(&self) -> Arc<Changes> {
+        self.changes.clone()
     }
 
     async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
@@ -589,9 +692,15 @@ impl LeaseStore for SqliteStore {
         req: &ReleaseRequest,
         deadline: Deadline,
     ) -> Result<ReleaseOutcome, StoreError> {
+        let resource = req.resource.clone();
         let req = req.clone();
-        self.call(Some(deadline), move |conn| release(conn, &req))
-            .await
+        let outcome = self
+            .call(Some(deadline), move |conn| release(conn, &req))
+            .await?;
+        if matches!(outcome, ReleaseOutcome::Released { .. }) {
+            self.changes.changed(resource.as_str());
+        }
+        Ok(outcome)
     }
 
     async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError> {

@@ -298,6 +298,54 @@ impl TestDb {
         }
     }
 
+    /// Tickets queued for `resource` (waiting acquisitions), live or expired.
+    pub async fn waiters(&self, resource: &str) -> i64 {
+        match self {
+            Self::Postgres { .. } => pg_connect(&self.url())
+                .await
+                .query_one(
+                    "SELECT count(*) FROM lease_waiters WHERE resource = $1",
+                    &[&resource],
+                )
+                .await
+                .expect("counting waiters")
+                .get(0),
+            Self::Sqlite { path, .. } => sqlite(path)
+                .query_row(
+                    "SELECT count(*) FROM lease_waiters WHERE resource = ?1",
+                    [resource],
+                    |r| r.get(0),
+                )
+                .expect("counting waiters"),
+        }
+    }
+
+    /// Queues a ticket for `resource` that lives `live_for_ms` by the store's clock, as a
+    /// waiter of an instance that then died would leave it.
+    pub async fn queue_ticket(&self, resource: &str, live_for_ms: i64) {
+        match self {
+            Self::Postgres { .. } => {
+                pg_connect(&self.url())
+                    .await
+                    .execute(
+                        "INSERT INTO lease_waiters (resource, expires_at) VALUES ($1, now() + $2::bigint * interval '1 millisecond')",
+                        &[&resource, &live_for_ms],
+                    )
+                    .await
+                    .expect("queueing a ticket");
+            }
+            Self::Sqlite { path, .. } => {
+                let until = chrono::Utc::now().timestamp_millis() + live_for_ms;
+                sqlite(path)
+                    .execute(
+                        "INSERT INTO lease_waiters (resource, expires_at) VALUES (?1, ?2)",
+                        rusqlite::params![resource, until],
+                    )
+                    .expect("queueing a ticket");
+            }
+        }
+    }
+
     /// Rows in the lease table for `resource`, live or expired.
     pub async fn rows(&self, resource: &str) -> i64 {
         match self {

@@ -52,6 +52,7 @@ fn lock_operations() -> Vec<(Method, &'static str, Option<Value>)> {
             Some(json!({ "owner": "o" })),
         ),
         (Method::POST, "/locks/billing:x/renew", Some(owner_body())),
+        (Method::GET, "/locks/billing:x/watch", None),
     ]
 }
 
@@ -165,6 +166,15 @@ async fn tokens_keep_to_their_prefixes_and_permissions(kind: StoreKind) {
     let seen: Value = response.json().await.unwrap();
     assert_eq!(seen["fence"], lock["lock"]["fence"]);
     assert!(seen.get("owner").is_none());
+    // Watching is reading.
+    let response = app
+        .send_as(Some(READER), Method::GET, "/locks/billing:x/watch", None)
+        .await;
+    assert_eq!(response.status(), 200);
+    let response = app
+        .send_as(Some(BILLING), Method::GET, "/locks/report:x/watch", None)
+        .await;
+    assert_problem(response, 403, "forbidden-scope").await;
     let response = app.acquire_as(Some(READER), "billing:y", "o", TTL).await;
     assert_problem(response, 403, "forbidden-scope").await;
     for (method, path, body) in lock_operations()

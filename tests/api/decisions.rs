@@ -183,6 +183,8 @@ async fn by_the_store(app: &TestApp, resource: &str, state: State, op: Op, who: 
         ttl: ttl(),
         lock_delay: LockDelay::NONE,
         token: None,
+        wait: Default::default(),
+        ticket: None,
     };
     let mut fence_of_a = Fence::new(1).unwrap();
     if !matches!(state, Absent) {
@@ -201,7 +203,7 @@ async fn by_the_store(app: &TestApp, resource: &str, state: State, op: Op, who: 
     match op {
         Acquire => match store.acquire(&acquire(who), deadline()).await.unwrap() {
             AcquireOutcome::Acquired { how, .. } => V::Granted(how),
-            AcquireOutcome::Held => V::Held,
+            AcquireOutcome::Held { .. } => V::Held,
             other => panic!("no quota was asked for: {other:?}"),
         },
         Renew(g) => {

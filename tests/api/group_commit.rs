@@ -30,6 +30,8 @@ fn acquire(resource: &str, owner: &str) -> AcquireRequest {
         ttl: ttl(),
         lock_delay: LockDelay::NONE,
         token: None,
+        wait: Default::default(),
+        ticket: None,
     }
 }
 
@@ -212,7 +214,7 @@ async fn contend(
             released.fetch_max(fence.get(), Ordering::SeqCst);
             grants.lock().unwrap().push(fence.get());
         }
-        Ok(AcquireOutcome::Held) => {
+        Ok(AcquireOutcome::Held { .. }) => {
             let renewed = store.renew(&renew(resource, me, None), in_time()).await;
             assert!(
                 !matches!(renewed, Ok(RenewOutcome::Renewed(_))),
@@ -248,7 +250,7 @@ async fn quotas_hold_under_concurrency(kind: StoreKind) {
         match outcome.unwrap() {
             AcquireOutcome::Acquired { .. } => granted_under_quota += 1,
             AcquireOutcome::QuotaExceeded { max_leases } => assert_eq!(max_leases, 3),
-            AcquireOutcome::Held => panic!("a free resource was held"),
+            AcquireOutcome::Held { .. } => panic!("a free resource was held"),
         }
     }
     assert_eq!(granted_under_quota, 3);
@@ -544,7 +546,7 @@ async fn history_of(store: &SharedStore, resource: &str) -> Vec<(i64, Option<Rec
 
 /// `AcquireOutcome::Held`, or a panic.
 fn held(outcome: Result<AcquireOutcome, StoreError>) {
-    assert!(matches!(outcome, Ok(AcquireOutcome::Held)), "{outcome:?}");
+    assert!(matches!(outcome, Ok(AcquireOutcome::Held { .. })), "{outcome:?}");
 }
 
 /// Requests decided in one batch each write their history in it: a fresh grant (with its

@@ -39,3 +39,5 @@ mod renew;
 mod restart;
 mod signed_fences;
 mod tls;
+mod waiting;
+mod watch;

@@ -13,7 +13,7 @@ const HTTP_LAYER: [u16; 3] = [400, 408, 431];
 
 /// What each operation can answer, per the contract, beyond [`HTTP_LAYER`]; every lock
 /// operation also [`AUTH`].
-const OPERATIONS: [(&str, &str, &[u16]); 11] = [
+const OPERATIONS: [(&str, &str, &[u16]); 12] = [
     (
         "POST",
         "/locks/{resource}",
@@ -37,6 +37,7 @@ const OPERATIONS: [(&str, &str, &[u16]); 11] = [
     ),
     ("GET", "/locks", &[200, 422, 500, 503]),
     ("GET", "/locks/{resource}/history", &[200, 422, 500, 503]),
+    ("GET", "/locks/{resource}/watch", &[200, 422, 500, 503]),
     ("GET", "/healthz", &[200]),
     ("GET", "/readyz", &[200, 503]),
     ("GET", "/metrics", &[200]),
@@ -142,6 +143,7 @@ async fn request_bodies_are_closed_with_the_configured_ttl_bound() {
     let db = TestDb::new(StoreKind::Sqlite).await;
     let app = TestApp::spawn_on(db, |s| {
         s.max_ttl = fencelock::domain::Ttl::max(100).unwrap();
+        s.max_wait_ms = 2_000;
     })
     .await;
     let document = fetch_document(&app.address).await;
@@ -161,6 +163,21 @@ async fn request_bodies_are_closed_with_the_configured_ttl_bound() {
             (Some(1), Some(100))
         );
     }
+    let wait = &schemas["AcquireBody"]["properties"]["wait_ms"];
+    assert_eq!(
+        (wait["minimum"].as_i64(), wait["maximum"].as_i64()),
+        (Some(0), Some(2_000))
+    );
+    let watch: Vec<&str> = document["paths"]["/locks/{resource}/watch"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(watch, ["resource", "fence", "timeout_ms"]);
+    let answer = &schemas["WatchResponse"];
+    assert_eq!(answer["additionalProperties"], false);
+    assert_eq!(answer["required"], serde_json::json!(["changed", "lock"]));
     let parameter = &document["paths"]["/locks/{resource}"]["get"]["parameters"][0];
     assert_eq!(parameter["name"], "resource");
     assert_eq!(parameter["schema"]["maxLength"], 255);

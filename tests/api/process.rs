@@ -13,10 +13,11 @@ use crate::helpers::{RowLock, StoreKind, TTL, TestDb, assert_failed_in_one_line,
 
 /// Every setting: its flag and its environment variable, as `--help` must name them. Both
 /// are cleared for the tests' processes, so that a developer's shell cannot leak into them.
-const SETTINGS: [(&str, &str); 18] = [
+const SETTINGS: [(&str, &str); 19] = [
     ("--bind", "FENCELOCK_BIND"),
     ("--database-url", "DATABASE_URL"),
     ("--max-ttl-seconds", "FENCELOCK_MAX_TTL_SECONDS"),
+    ("--max-wait-ms", "FENCELOCK_MAX_WAIT_MS"),
     ("--pool-size", "FENCELOCK_POOL_SIZE"),
     ("--pg-batch-max", "FENCELOCK_PG_BATCH_MAX"),
     ("--log-format", "FENCELOCK_LOG_FORMAT"),

@@ -26,6 +26,7 @@ mod reference;
 mod report;
 mod stats;
 mod storage;
+mod waiting;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -96,6 +97,12 @@ struct Options {
     /// Keep the temporary directory (server logs, SQLite files) and say where it is.
     #[arg(long)]
     keep_temp: bool,
+
+    /// Run only the waiting workload: 64 clients contending for 10 resources with
+    /// `wait_ms`, against the same clients polling without it (`--seconds` per run, 3 with
+    /// `--quick`; `--only` picks one store).
+    #[arg(long)]
+    waiting: bool,
 }
 
 impl Options {
@@ -144,6 +151,32 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if options.waiting {
+        let seconds = if options.quick { 3 } else { options.seconds };
+        let uses = |block| options.only.is_none_or(|b| b == block);
+        let result = runtime.block_on(async {
+            tokio::select! {
+                report = waiting::run(seconds, &databases, &binary, uses(Block::Postgres), uses(Block::Sqlite)) => report.map(Some),
+                name = interrupted() => {
+                    eprintln!("\n{name}: stopping and cleaning up");
+                    Ok(None)
+                }
+            }
+        });
+        runtime.block_on(databases.drop_all());
+        drop(runtime);
+        return match result {
+            Ok(Some(report)) => {
+                print!("{report}");
+                ExitCode::SUCCESS
+            }
+            Ok(None) => ExitCode::from(130),
+            Err(e) => {
+                eprintln!("fencelock-bench: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let result = runtime.block_on(async {
         tokio::select! {
             outcome = bench::run(&settings, &databases, &binary) => outcome.map(Some),

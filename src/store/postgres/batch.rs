@@ -612,7 +612,7 @@ fn unknown(outcome: &str) -> StoreError {
 
 fn acquired(req: &AcquireRequest, row: &Row) -> Result<AcquireOutcome, StoreError> {
     Ok(match column::<&str>(row, 1)? {
-        "held" => AcquireOutcome::Held,
+        "held" => super::held(column(row, 4)?, column(row, 5)?),
         "too_late" => return Err(StoreError::too_late()),
         how => AcquireOutcome::Acquired {
             how: acquisition(how)?,

@@ -1,0 +1,97 @@
+//! `GET /locks/{resource}/watch?fence=F&timeout_ms=T`: wait until the lease with fence `F`
+//! ends (release, expiry, takeover, re-acquisition), or answer at once when it is not the
+//! live lease.
+//!
+//! Woken by the same announcements as waiting acquisitions (the store's
+//! [`crate::store::Changes`]); an expiry is announced by nobody, so the watch arms a timer on
+//! the lease's `expires_at` by the store's clock. While nothing changes it costs no store
+//! read beyond one at the expiry.
+
+use std::time::{Duration, Instant};
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::Serialize;
+
+use super::auth::Caller;
+use super::locks::LockView;
+use super::{AppState, openapi, parse};
+use crate::auth::Permission;
+use crate::domain::time_left_ms;
+use crate::http::ApiError;
+
+/// Added to the lease's time left before looking again: the store's clock reading and ours
+/// are a round trip apart, and a look that comes a moment early costs a second look.
+const EXPIRY_SLACK: Duration = Duration::from_millis(1);
+
+/// The answer of a watch.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WatchResponse<'a> {
+    /// Whether the lease with the given `fence` is not the live lease (any more): `true` when
+    /// it ended before the timeout, or was not live when the watch began; `false` on a
+    /// timeout, and always without `fence`.
+    changed: bool,
+    /// The live lease as inspect shows it (no owner), `null` when there is none.
+    #[schema(value_type = Option<openapi::LiveLease>, required = true)]
+    lock: Option<LockView<'a>>,
+}
+
+/// `GET /locks/{resource}/watch?fence=F&timeout_ms=T`
+#[utoipa::path(
+    get, path = "/locks/{resource}/watch", tag = "locks",
+    params(openapi::ResourcePath, openapi::WatchParams),
+    summary = "Wait until the lease with a given fence ends, or answer at once when it is not the live lease",
+    responses(
+        (status = 200, body = WatchResponse<'_>, description = "The lease changed (or the watch timed out), with the live lease"),
+        openapi::WatchProblems,
+    ),
+)]
+pub async fn watch(
+    caller: Caller,
+    path: web::Path<String>,
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let resource = parse::resource(&path);
+    let query = parse::watch(req.query_string());
+    let (resource, query) = match (resource, query) {
+        (Ok(resource), Ok(query)) => (resource, query),
+        (Err(ApiError::Validation(mut a)), Err(ApiError::Validation(b))) => {
+            a.extend(b);
+            return Err(ApiError::Validation(a));
+        }
+        (Err(e), _) | (_, Err(e)) => return Err(e),
+    };
+    caller.allow(&resource, Permission::Read)?;
+
+    let until = Instant::now() + query.timeout.duration();
+    let mut changes = state.store.changes().subscribe(&resource);
+    loop {
+        changes.mark_seen();
+        let lease = state.ask(state.store.inspect(&resource)).await?;
+        let watched = query
+            .fence
+            .filter(|fence| lease.as_ref().is_some_and(|l| l.fence == *fence));
+        let now = Instant::now();
+        let done = match (query.fence, watched) {
+            (None, _) => Some(false),
+            (Some(_), None) => Some(true),
+            (Some(_), Some(_)) if now >= until => Some(false),
+            (Some(_), Some(_)) => None,
+        };
+        if let Some(changed) = done {
+            let lock = lease
+                .as_ref()
+                .map(|lease| LockView::without_owner(lease, state.fence_key.as_ref()));
+            return Ok(HttpResponse::Ok().json(WatchResponse { changed, lock }));
+        }
+        let left = lease
+            .as_ref()
+            .map_or(0, |l| time_left_ms(l.expires_at, l.observed_at));
+        let expiry = Duration::from_millis(u64::try_from(left).unwrap_or(0)) + EXPIRY_SLACK;
+        tokio::select! {
+            () = changes.changed() => {}
+            () = tokio::time::sleep(expiry.min(until - now)) => {}
+        }
+    }
+}

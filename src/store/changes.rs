@@ -1,0 +1,160 @@
+//! The in-process wake registry: which resources someone in this process waits on (a waiting
+//! acquisition, a watch), and a way for the store to say "this resource may have changed".
+//!
+//! The store feeds it: in-process after each commit that changes a lease or a queue, and from
+//! outside the process (the PostgreSQL store's LISTEN connection, the SQLite store's poll of
+//! the file). A wake-up only says "look again": a subscriber re-reads the store, so a spurious
+//! wake-up costs one read and a missed one is covered by the subscriber's own timer (the
+//! lease's expiry, its wait deadline). When the announcements may have been missed (a
+//! reconnect), everyone is woken.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::watch;
+
+use crate::domain::ResourceName;
+
+/// Who waits on which resource in this process.
+#[derive(Default)]
+pub struct Changes {
+    /// One channel per resource someone subscribes to, with the count of its subscribers;
+    /// removed with the last one, so the map holds only what is waited on now. A std mutex:
+    /// held for a map lookup only, never across an `.await`.
+    resources: Mutex<HashMap<String, Entry>>,
+}
+
+struct Entry {
+    wake: watch::Sender<()>,
+    subscribers: usize,
+}
+
+impl Changes {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Starts listening for changes of `resource`. Call [`Subscription::mark_seen`] before
+    /// each look at the store: a change announced after it ends the next
+    /// [`Subscription::changed`], so none falls between the look and the wait.
+    pub fn subscribe(self: &Arc<Self>, resource: &ResourceName) -> Subscription {
+        let mut resources = self.lock();
+        let entry = resources
+            .entry(resource.as_str().to_owned())
+            .or_insert_with(|| Entry {
+                wake: watch::Sender::new(()),
+                subscribers: 0,
+            });
+        entry.subscribers += 1;
+        Subscription {
+            changes: self.clone(),
+            resource: resource.as_str().to_owned(),
+            wake: entry.wake.subscribe(),
+        }
+    }
+
+    /// `resource` may have changed: its subscribers look again.
+    pub fn changed(&self, resource: &str) {
+        if let Some(entry) = self.lock().get(resource) {
+            entry.wake.send_replace(());
+        }
+    }
+
+    /// Anything may have changed (announcements may have been lost): everyone looks again.
+    pub fn all_changed(&self) {
+        for entry in self.lock().values() {
+            entry.wake.send_replace(());
+        }
+    }
+
+    /// The resources someone waits on now.
+    pub fn watched(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.resources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One subscriber's interest in one resource; dropping it ends the interest.
+pub struct Subscription {
+    changes: Arc<Changes>,
+    resource: String,
+    wake: watch::Receiver<()>,
+}
+
+impl Subscription {
+    /// Everything announced so far has been seen: the caller is about to look at the store.
+    pub fn mark_seen(&mut self) {
+        self.wake.borrow_and_update();
+    }
+
+    /// Returns once a change is announced after the last [`Subscription::mark_seen`].
+    pub async fn changed(&mut self) {
+        if self.wake.changed().await.is_err() {
+            // The sender lives as long as a subscriber does; this is unreachable, but never
+            // spin on it.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut resources = self.changes.lock();
+        if let Some(entry) = resources.get_mut(&self.resource) {
+            entry.subscribers -= 1;
+            if entry.subscribers == 0 {
+                resources.remove(&self.resource);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn name(text: &str) -> ResourceName {
+        ResourceName::parse(text).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_change_after_mark_seen_is_never_lost() {
+        let changes = Changes::new();
+        let mut sub = changes.subscribe(&name("a"));
+        sub.mark_seen();
+        changes.changed("b");
+        changes.changed("a");
+        tokio::time::timeout(Duration::from_secs(1), sub.changed())
+            .await
+            .expect("woken");
+        sub.mark_seen();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), sub.changed())
+                .await
+                .is_err()
+        );
+        changes.all_changed();
+        tokio::time::timeout(Duration::from_secs(1), sub.changed())
+            .await
+            .expect("woken by all");
+    }
+
+    #[test]
+    fn the_registry_holds_only_what_is_waited_on() {
+        let changes = Changes::new();
+        let one = changes.subscribe(&name("a"));
+        let two = changes.subscribe(&name("a"));
+        assert_eq!(changes.watched(), ["a"]);
+        drop(one);
+        assert_eq!(changes.watched(), ["a"]);
+        drop(two);
+        assert!(changes.watched().is_empty());
+    }
+}

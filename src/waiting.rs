@@ -1,0 +1,216 @@
+//! Waiting acquisitions (`wait_ms`): the loop above the store that queues a request behind a
+//! held resource and tries again whenever the store announces a change, or when the lease
+//! (or the queue ahead) may have run out by the store's clock.
+//!
+//! The store offers small primitives, each one atomic step: `acquire` (which grants only to
+//! the head of a non-empty queue), `enqueue`, `dequeue`, and its wake registry
+//! ([`crate::store::Changes`]). The loop costs no store round trip while nothing changes,
+//! beyond one attempt per deadline the store named (`free_in`).
+//!
+//! The loop runs in a task of its own, not in the request's future: when a client goes away,
+//! actix drops the request's future, which may be in the middle of an attempt. The task sees
+//! the requester gone, leaves the queue, and releases a lease an attempt in flight was
+//! granted for nobody, so a gone waiter never keeps a lease.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::domain::{AcquireOutcome, AcquireRequest, ReleaseRequest, Ticket};
+use crate::store::{Deadline, SharedStore, StoreError, Subscription};
+
+/// How much longer than the store timeout one attempt may take before it counts as failed
+/// (as `routes::ANSWER_GRACE`: the store refuses work past its deadline by itself).
+const ATTEMPT_GRACE: Duration = Duration::from_secs(1);
+/// Added to the store's `free_in` before looking again: timers are not early, but the
+/// store's clock reading and ours are a round trip apart.
+const TIMER_SLACK: Duration = Duration::from_millis(1);
+/// The shortest pause between two attempts, so that a store answering "held, free in 0"
+/// (a clock at the boundary) is not asked in a tight loop.
+const MIN_PAUSE: Duration = Duration::from_millis(2);
+/// How often a lease granted to a requester that has gone is tried to be released.
+const RELEASE_TRIES: u32 = 3;
+
+/// What a waiting acquisition ends with.
+#[derive(Debug)]
+pub struct Waited {
+    pub outcome: AcquireOutcome,
+    /// From the request's start to its answer.
+    pub waited: Duration,
+}
+
+/// Acquires `req.resource`, waiting up to `req.wait` while another owner holds it (or others
+/// wait ahead), in arrival order with every other waiter of the store. Each attempt is a
+/// write with its own deadline, `store_timeout` away.
+pub async fn acquire(
+    store: SharedStore,
+    req: AcquireRequest,
+    store_timeout: Duration,
+) -> Result<Waited, StoreError> {
+    let (reply, answer) = oneshot::channel();
+    tokio::spawn(
+        Waiter {
+            store,
+            req,
+            store_timeout,
+            started: Instant::now(),
+        }
+        .run(reply),
+    );
+    answer.await.unwrap_or_else(|_| {
+        Err(StoreError::unavailable(
+            "the waiting task ended unexpectedly",
+        ))
+    })
+}
+
+struct Waiter {
+    store: SharedStore,
+    req: AcquireRequest,
+    store_timeout: Duration,
+    started: Instant,
+}
+
+/// Why the loop stopped without a decision to pass on.
+enum Stop {
+    Answer(Result<AcquireOutcome, StoreError>),
+    /// The requester is gone: nobody gets an answer.
+    Gone,
+}
+
+impl Waiter {
+    async fn run(self, mut reply: oneshot::Sender<Result<Waited, StoreError>>) {
+        let until = self.started + self.req.wait.duration();
+        let mut changes = self.store.changes().subscribe(&self.req.resource);
+        changes.mark_seen();
+        let first = self.attempt(&self.req).await;
+        let stop = match first {
+            Ok(AcquireOutcome::Held { free_in }) if Instant::now() < until => {
+                self.queue(until, free_in, &mut changes, &mut reply).await
+            }
+            other => Stop::Answer(other),
+        };
+        drop(changes);
+        let Stop::Answer(answer) = stop else {
+            return;
+        };
+        let waited = self.started.elapsed();
+        let answer = answer.map(|outcome| Waited { outcome, waited });
+        if let Err(Ok(Waited {
+            outcome: AcquireOutcome::Acquired { lease, .. },
+            ..
+        })) = reply.send(answer)
+        {
+            self.release_for_nobody(lease.fence).await;
+        }
+    }
+
+    /// In the queue from now on: try again on every change and every deadline, until the
+    /// lease is ours, the wait is over, or the requester has gone.
+    async fn queue(
+        &self,
+        until: Instant,
+        mut free_in: Duration,
+        changes: &mut Subscription,
+        reply: &mut oneshot::Sender<Result<Waited, StoreError>>,
+    ) -> Stop {
+        let left = until.saturating_duration_since(Instant::now());
+        let ticket = match self
+            .bounded(self.store.enqueue(&self.req.resource, left))
+            .await
+        {
+            Ok(ticket) => ticket,
+            Err(e) => return Stop::Answer(Err(e)),
+        };
+        let mut req = self.req.clone();
+        req.ticket = Some(ticket);
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                self.leave(ticket).await;
+                return Stop::Answer(Ok(AcquireOutcome::Held { free_in }));
+            }
+            let pause = (free_in + TIMER_SLACK).max(MIN_PAUSE).min(until - now);
+            tokio::select! {
+                () = changes.changed() => {}
+                () = tokio::time::sleep(pause) => {}
+                () = reply.closed() => {
+                    self.leave(ticket).await;
+                    return Stop::Gone;
+                }
+            }
+            changes.mark_seen();
+            match self.attempt(&req).await {
+                Ok(AcquireOutcome::Held { free_in: next }) => free_in = next,
+                // A grant takes the ticket out of the queue in the same step.
+                Ok(granted @ AcquireOutcome::Acquired { .. }) => return Stop::Answer(Ok(granted)),
+                other => {
+                    self.leave(ticket).await;
+                    return Stop::Answer(other);
+                }
+            }
+        }
+    }
+
+    async fn attempt(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+        let deadline = Deadline::after(self.store_timeout);
+        self.bounded(self.store.acquire(req, deadline)).await
+    }
+
+    async fn bounded<T>(
+        &self,
+        operation: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let limit = self.store_timeout + ATTEMPT_GRACE;
+        tokio::time::timeout(limit, operation)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::unavailable(format!(
+                    "the store did not answer within {limit:?}"
+                )))
+            })
+    }
+
+    /// Out of the queue. If that fails, the ticket is skipped from its expiry on (the end of
+    /// this wait) and the next waiter is held up until then at most.
+    async fn leave(&self, ticket: Ticket) {
+        if let Err(e) = self
+            .bounded(self.store.dequeue(&self.req.resource, ticket))
+            .await
+        {
+            tracing::warn!(
+                lease.resource = %self.req.resource,
+                error = %e,
+                "a waiter could not leave the queue; its ticket holds the queue until its wait ends"
+            );
+        }
+    }
+
+    /// The requester went away while an attempt was granted: the lease is nobody's, so it is
+    /// released at once (its fence given, so that only this very lease is).
+    async fn release_for_nobody(&self, fence: crate::domain::Fence) {
+        let release = ReleaseRequest {
+            resource: self.req.resource.clone(),
+            owner: self.req.owner.clone(),
+            fence: Some(fence),
+        };
+        for _ in 0..RELEASE_TRIES {
+            let deadline = Deadline::after(self.store_timeout);
+            match self.bounded(self.store.release(&release, deadline)).await {
+                Ok(_) => {
+                    tracing::info!(
+                        lease.resource = %self.req.resource,
+                        lease.fence = fence.get(),
+                        "lease released: granted to a waiter whose client had gone"
+                    );
+                    return;
+                }
+                Err(e) => tracing::warn!(
+                    lease.resource = %self.req.resource,
+                    error = %e,
+                    "could not release a lease granted to a waiter whose client had gone"
+                ),
+            }
+        }
+    }
+}
