@@ -22,6 +22,7 @@ mod input;
 mod inspect;
 mod late_work;
 mod listing;
+mod lock_command;
 mod metrics;
 mod misconfig;
 mod openapi;
