@@ -1,6 +1,8 @@
 //! The worker client: acquire, renew, release, inspect and list leases over the HTTP
-//! contract, retry under contention within a deadline, and hold a [`Lease`] that renews
-//! itself and says promptly when it is lost.
+//! contract, retry under contention within a deadline or let the server wait
+//! ([`Client::lock`]), and hold a [`Lease`] that renews itself and says promptly when it is
+//! lost — or run work under one that is cancelled when it is ([`Lease::run`],
+//! [`Client::with_lock`]).
 //!
 //! ```no_run
 //! # async fn work(fence: i64) {}
@@ -574,7 +576,7 @@ fn whole_seconds(ttl: Duration) -> u64 {
 /// a wait that is not).
 fn whole_millis(wait: Duration) -> u64 {
     let millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
-    if wait.subsec_nanos() % 1_000_000 > 0 {
+    if !wait.subsec_nanos().is_multiple_of(1_000_000) {
         millis.saturating_add(1)
     } else {
         millis
