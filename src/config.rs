@@ -82,6 +82,28 @@ pub struct Cli {
     pub server: ServerArgs,
 }
 
+impl Cli {
+    /// The command line, parsed. The server's settings are global (`fencelock check
+    /// --database-url ...` works) but mean nothing to `fencelock lock`, so its `--help` hides
+    /// them.
+    pub fn try_parse_command_line() -> Result<Self, clap::Error> {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let mut command = Self::command();
+        // Copies the global arguments into every subcommand, where they can then be hidden.
+        command.build();
+        let command = command.mut_subcommand("lock", |lock| {
+            lock.mut_args(|arg| {
+                if arg.is_global_set() {
+                    arg.hide(true)
+                } else {
+                    arg
+                }
+            })
+        });
+        Self::from_arg_matches(&command.try_get_matches()?)
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the HTTP API (the default when no subcommand is given).
@@ -94,6 +116,72 @@ pub enum Command {
     /// Bearer tokens for `--auth-file`.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Run a command while holding a lease: `fencelock lock RESOURCE -- CMD ARGS...`.
+    ///
+    /// Acquires RESOURCE from the lease server at --url (waiting up to --wait-seconds for
+    /// another holder), runs CMD with FENCELOCK_RESOURCE, FENCELOCK_FENCE (and
+    /// FENCELOCK_FENCE_TOKEN when the server signs fences) and FENCELOCK_URL in its
+    /// environment, renews the lease every third of --ttl-seconds while CMD runs, and releases
+    /// it when CMD ends. If the lease is lost, CMD gets SIGTERM, then SIGKILL after
+    /// --grace-seconds. SIGTERM, SIGINT and SIGHUP are passed on to CMD.
+    #[command(after_help = LOCK_EXIT_STATUS)]
+    Lock(LockArgs),
+}
+
+/// The exit statuses of `fencelock lock`, at the end of its `--help`.
+const LOCK_EXIT_STATUS: &str = "\
+Exit status:
+  CMD's own        CMD ended; 128+N if signal N ended it
+  75               RESOURCE held by another owner for the whole wait (EX_TEMPFAIL)
+  69               the lease server unreachable, unavailable, or refusing the request
+  124              the lease was lost while CMD ran; CMD was stopped
+  126, 127         CMD could not be run, or was not found
+  2                bad arguments";
+
+/// The lease server `fencelock lock` asks when neither `--url` nor `FENCELOCK_URL` is given.
+pub const DEFAULT_LOCK_URL: &str = "http://127.0.0.1:8080";
+/// The TTL `fencelock lock` asks for: renewed every 10 s, lost at most 30 s after its holder
+/// stopped renewing.
+pub const DEFAULT_LOCK_TTL_SECONDS: u32 = 30;
+/// How long CMD has between SIGTERM and SIGKILL once the lease is lost.
+pub const DEFAULT_LOCK_GRACE_SECONDS: u32 = 10;
+
+/// `fencelock lock RESOURCE [options] -- CMD ARGS...`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LockArgs {
+    /// The resource to lock, e.g. `job:42` (1-255 characters of `A-Z a-z 0-9 . _ - : @ + = ~`;
+    /// the server checks).
+    pub resource: String,
+
+    /// The lease server's base URL.
+    #[arg(long, env = "FENCELOCK_URL", default_value = DEFAULT_LOCK_URL)]
+    pub url: String,
+
+    /// The lease's time to live. It is renewed every third of it while CMD runs; if no renewal
+    /// succeeds within it, CMD is stopped.
+    #[arg(
+        long,
+        default_value_t = DEFAULT_LOCK_TTL_SECONDS,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(TTL_CEILING_SECONDS))
+    )]
+    pub ttl_seconds: u32,
+
+    /// How long the server may wait for another holder to let RESOURCE go (sent as `wait_ms`;
+    /// the server's `--max-wait-ms` bounds it). 0: one attempt, no waiting.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=86_400))]
+    pub wait_seconds: u32,
+
+    /// The bearer secret for a server with `--auth-file`.
+    #[arg(long, env = "FENCELOCK_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+
+    /// Once the lease is lost: how long CMD has between SIGTERM and SIGKILL.
+    #[arg(long, default_value_t = DEFAULT_LOCK_GRACE_SECONDS, value_parser = clap::value_parser!(u32).range(0..=3600))]
+    pub grace_seconds: u32,
+
+    /// The command to run, and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -33,10 +33,13 @@
 //! HTTP side (the `401` before anything else, the `403` scope check) is `routes::auth`.
 //!
 //! [`client`] stands apart: the worker client (acquire/renew/release/inspect/list, bounded retry,
-//! a self-renewing `Lease`) on [`domain`] alone.
+//! waiting acquisition, a self-renewing `Lease` and work run while holding it) on [`domain`]
+//! alone. [`lock_command`] is `fencelock lock RESOURCE -- CMD`: [`client`] and a child
+//! process (with `server`, whose binary it is part of).
 //!
 //! # Features
-//! - `server` (default): the lease server, both stores, and everything below.
+//! - `server` (default): the lease server, both stores, `fencelock lock` (so `client` too),
+//!   and everything below.
 //! - `client` (default): the worker client. `default-features = false, features =
 //!   ["client"]` builds it without actix-web, SQLite or PostgreSQL.
 //! - `guard-postgres`, `guard-sqlite` (both in `server`): the write guard for a service whose
@@ -61,6 +64,8 @@ pub mod metrics;
 pub mod auth;
 #[cfg(feature = "server")]
 pub mod config;
+#[cfg(feature = "server")]
+pub mod lock_command;
 #[cfg(feature = "server")]
 pub mod routes;
 #[cfg(feature = "server")]

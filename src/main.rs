@@ -1,15 +1,14 @@
 use std::process::ExitCode;
 
-use clap::Parser as _;
 use clap::error::ErrorKind;
 
 use fencelock::config::{Cli, Command, Settings, TokenCommand};
 use fencelock::startup::{self, Application};
 use fencelock::store::{self, StoreConfig};
-use fencelock::{shutdown, telemetry};
+use fencelock::{lock_command, shutdown, telemetry};
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_command_line() {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
             let _ = e.print();
@@ -22,6 +21,14 @@ fn main() -> ExitCode {
             eprintln!("fencelock: {}", first.trim_start_matches("error: "));
             return ExitCode::from(2);
         }
+    };
+    let cli = match cli {
+        // A client of the server: none of the server's settings apply.
+        Cli {
+            command: Some(Command::Lock(args)),
+            ..
+        } => return lock_command::main(args),
+        cli => cli,
     };
     if let Some(Command::Token(TokenCommand::New { name })) = &cli.command {
         return new_token(name);
@@ -37,7 +44,7 @@ fn main() -> ExitCode {
     // A check's answer is its one line on stdout; its logs only speak of trouble.
     let default_filter = match command {
         Command::Check => "warn",
-        Command::Serve | Command::Migrate | Command::Token(_) => "info",
+        Command::Serve | Command::Migrate | Command::Token(_) | Command::Lock(_) => "info",
     };
     let logs = match telemetry::init_with_default(settings.log_format, default_filter) {
         Ok(guard) => guard,
@@ -52,7 +59,9 @@ fn main() -> ExitCode {
             Command::Serve => serve(settings).await,
             Command::Migrate => migrate(settings).await,
             Command::Check => check(settings).await,
-            Command::Token(_) => unreachable!("answered before the runtime starts"),
+            Command::Token(_) | Command::Lock(_) => {
+                unreachable!("answered before the runtime starts")
+            }
         }
     });
     // Every buffered log line is out before the last line below.

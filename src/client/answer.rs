@@ -2,6 +2,8 @@
 //! types become [`Error`] variants. Pure functions of (status, body), so they are unit-tested
 //! without a server.
 
+use std::time::Duration;
+
 use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::Value;
@@ -19,6 +21,23 @@ const MAX_RAW_BODY: usize = 512;
 struct AcquireBody {
     acquired: bool,
     lock: Option<LockInfo>,
+    /// How long a waited acquire waited (API.md, *Waiting*); read beside `acquired` or, if
+    /// not there, in the lock object.
+    waited_ms: Option<i64>,
+}
+
+/// A successful acquire: the lock, and how long the server waited before granting it.
+#[derive(Debug)]
+pub(super) struct Granted {
+    pub(super) lock: LockInfo,
+    /// Zero unless the server says it waited.
+    pub(super) waited: Duration,
+}
+
+/// Just the `waited_ms` a lock object may carry.
+#[derive(Deserialize)]
+struct WaitedIn {
+    waited_ms: Option<i64>,
 }
 
 /// The success body of renew: `{"lock": {...}}`.
@@ -28,7 +47,7 @@ struct RenewBody {
 }
 
 /// Acquire: `200` with `acquired: true` is the lease, `acquired: false` is contention.
-pub(super) fn acquire(status: StatusCode, body: &[u8], resource: &str) -> Result<LockInfo, Error> {
+pub(super) fn acquire(status: StatusCode, body: &[u8], resource: &str) -> Result<Granted, Error> {
     if status != StatusCode::OK {
         return Err(failure(status, body));
     }
@@ -36,7 +55,16 @@ pub(super) fn acquire(status: StatusCode, body: &[u8], resource: &str) -> Result
         AcquireBody {
             acquired: true,
             lock: Some(lock),
-        } => Ok(lock),
+            waited_ms,
+        } => {
+            let waited_ms = waited_ms.or_else(|| {
+                let full: Value = serde_json::from_slice(body).ok()?;
+                WaitedIn::deserialize(&full["lock"]).ok()?.waited_ms
+            });
+            let waited =
+                Duration::from_millis(waited_ms.and_then(|ms| u64::try_from(ms).ok()).unwrap_or(0));
+            Ok(Granted { lock, waited })
+        }
         AcquireBody {
             acquired: false, ..
         } => Err(Error::Held {
@@ -193,14 +221,26 @@ mod tests {
     #[test]
     fn acquire_tells_the_lease_from_contention() {
         let granted = format!(r#"{{"acquired":true,"lock":{LOCK}}}"#);
-        let lock = acquire(StatusCode::OK, granted.as_bytes(), "job:1").unwrap();
-        assert_eq!(lock.fence, 7);
-        assert_eq!(lock.expires_in_ms, 60000);
+        let granted = acquire(StatusCode::OK, granted.as_bytes(), "job:1").unwrap();
+        assert_eq!(granted.lock.fence, 7);
+        assert_eq!(granted.lock.expires_in_ms, 60000);
+        assert_eq!(granted.waited, Duration::ZERO);
         let held = br#"{"acquired":false,"resource":"job:1"}"#;
         assert!(matches!(
             acquire(StatusCode::OK, held, "job:1"),
             Err(Error::Held { resource }) if resource == "job:1"
         ));
+    }
+
+    #[test]
+    fn a_waited_acquire_says_how_long_it_waited() {
+        let beside = format!(r#"{{"acquired":true,"lock":{LOCK},"waited_ms":1200}}"#);
+        let granted = acquire(StatusCode::OK, beside.as_bytes(), "job:1").unwrap();
+        assert_eq!(granted.waited, Duration::from_millis(1200));
+        let inside = LOCK.replacen('{', r#"{"waited_ms":300,"#, 1);
+        let inside = format!(r#"{{"acquired":true,"lock":{inside}}}"#);
+        let granted = acquire(StatusCode::OK, inside.as_bytes(), "job:1").unwrap();
+        assert_eq!(granted.waited, Duration::from_millis(300));
     }
 
     #[test]

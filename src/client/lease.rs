@@ -229,6 +229,49 @@ impl Lease {
         self.view.clone()
     }
 
+    /// Runs `work` while the lease is held, then releases the lease.
+    ///
+    /// - `work` ends first: its output, `Ok`. The lease is released; if that fails, the
+    ///   failure is logged (at WARN) and the lease lapses at the end of its TTL.
+    /// - The lease is lost first (see [`lost`](Self::lost)): `work` is dropped where it
+    ///   last awaited — cancelled, as `tokio::select!` cancels — and the result is
+    ///   [`Error::LeaseLost`] with the reason. Whatever `work` wrote before carries the fence,
+    ///   so a guard refuses its writes once a newer lease exists.
+    ///
+    /// ```no_run
+    /// # async fn compact(fence: i64) -> u64 { 0 }
+    /// # async fn example() -> Result<(), fencelock::client::Error> {
+    /// use std::time::Duration;
+    /// use fencelock::client::Client;
+    ///
+    /// let client = Client::new("http://127.0.0.1:8080")?;
+    /// let lease = client.lock("job:42", Duration::from_secs(30), Duration::ZERO).await?;
+    /// let fence = lease.fence();
+    /// let freed = lease.run(compact(fence)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn run<F: Future>(self, work: F) -> Result<F::Output, Error> {
+        let view = self.watch();
+        // The work first: when it has finished, its effects are done, and its output is the
+        // truth even if the loss is noticed in the same poll.
+        let outcome = tokio::select! {
+            biased;
+            output = work => Ok(output),
+            reason = view.lost() => Err(reason),
+        };
+        match outcome {
+            Ok(output) => {
+                let resource = self.resource.clone();
+                if let Err(error) = self.release().await {
+                    tracing::warn!(%resource, %error, "lease not released after the work; it lapses by itself");
+                }
+                Ok(output)
+            }
+            Err(reason) => Err(Error::LeaseLost { reason }),
+        }
+    }
+
     /// Stops renewing and releases the lease with its fence (so it can never free a newer
     /// lease). The renewal task is stopped and awaited first, so no renewal is in flight
     /// behind the release. Watchers then see [`LossReason::Released`] (unless the lease was

@@ -1,6 +1,8 @@
 //! The worker client: acquire, renew, release, inspect and list leases over the HTTP
-//! contract, retry under contention within a deadline, and hold a [`Lease`] that renews
-//! itself and says promptly when it is lost.
+//! contract, retry under contention within a deadline or let the server wait
+//! ([`Client::lock`]), and hold a [`Lease`] that renews itself and says promptly when it is
+//! lost — or run work under one that is cancelled when it is ([`Lease::run`],
+//! [`Client::with_lock`]).
 //!
 //! ```no_run
 //! # async fn work(fence: i64) {}
@@ -127,6 +129,8 @@ pub struct Client {
     /// The base URL without a trailing slash, e.g. `http://127.0.0.1:8080` or
     /// `https://locks.example/fencelock`.
     base: Arc<str>,
+    /// The limit for one whole request; a waiting acquire gets its wait on top.
+    timeout: Duration,
 }
 
 /// Builds a [`Client`]: base URL, timeouts, proxy use, extra CA certificates.
@@ -230,6 +234,7 @@ impl ClientBuilder {
         Ok(Client {
             http,
             base: base.into(),
+            timeout: self.timeout,
         })
     }
 }
@@ -364,6 +369,69 @@ impl Client {
         Ok(Lease::start(self.clone(), resource, owner, ttl, grant))
     }
 
+    /// Acquires `resource` under a fresh random owner secret, letting the server wait up to
+    /// `wait` for another owner to release it (API.md, *Waiting*: one request, answered as
+    /// soon as the lease is handed over, in the order waiters arrived), and returns a
+    /// self-renewing [`Lease`] as [`lease`](Self::lease) does.
+    ///
+    /// With `wait` zero this is [`lease`](Self::lease): one attempt, and `wait_ms` is not
+    /// sent, so servers without waiting serve it too. Otherwise `wait` is sent as `wait_ms`
+    /// (whole milliseconds, rounded up; the server refuses more than its `--max-wait-ms`
+    /// with [`Error::Rejected`]), and the request may take `wait` longer than the client's
+    /// [timeout](ClientBuilder::timeout). A server that does not wait refuses `wait_ms` with
+    /// [`Error::Rejected`] (`422`): use [`lease_with_retry`](Self::lease_with_retry) there.
+    ///
+    /// [`Error::Held`] if the resource is still held when the wait is over.
+    pub async fn lock(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease, Error> {
+        let owner = lease::OwnerSecret::random();
+        let grant = self
+            .acquire_waiting(resource, owner.expose(), ttl, wait)
+            .await?;
+        Ok(Lease::start(self.clone(), resource, owner, ttl, grant))
+    }
+
+    /// Runs `work` while holding a lock on `resource`: [`lock`](Self::lock), then
+    /// [`Lease::run`] with the future `work` makes from the lease's [`LeaseWatch`] (for its
+    /// fence). The lease is released when `work` ends; if the lease is lost first, `work` is
+    /// cancelled (dropped) and the result is [`Error::LeaseLost`].
+    ///
+    /// ```no_run
+    /// # async fn write_report(fence: i64) -> usize { 0 }
+    /// # async fn example() -> Result<(), fencelock::client::Error> {
+    /// use std::time::Duration;
+    /// use fencelock::client::Client;
+    ///
+    /// let client = Client::new("http://127.0.0.1:8080")?;
+    /// let pages = client
+    ///     .with_lock("report:monthly", Duration::from_secs(30), Duration::from_secs(10), |lease| async move {
+    ///         // Send the fence with every write to the protected store.
+    ///         write_report(lease.fence()).await
+    ///     })
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn with_lock<F, Fut>(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Duration,
+        work: F,
+    ) -> Result<Fut::Output, Error>
+    where
+        F: FnOnce(LeaseWatch) -> Fut,
+        Fut: Future,
+    {
+        let lease = self.lock(resource, ttl, wait).await?;
+        let watch = lease.watch();
+        lease.run(work(watch)).await
+    }
+
     /// [`lease`](Self::lease), with the acquisition retried as `policy` says (one owner
     /// secret for all attempts, so an attempt that succeeded unseen is re-acquired by the
     /// next one). After the deadline, returns the last error.
@@ -387,12 +455,39 @@ impl Client {
         owner: &str,
         ttl: Duration,
     ) -> Result<Grant, Error> {
-        let body = json!({ "owner": owner, "ttl_seconds": whole_seconds(ttl) });
+        self.acquire_waiting(resource, owner, ttl, Duration::ZERO)
+            .await
+    }
+
+    /// Acquire, letting the server wait up to `wait` (`wait_ms` is sent only when it is not
+    /// zero), remembering when the lease can have started at the earliest.
+    async fn acquire_waiting(
+        &self,
+        resource: &str,
+        owner: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Grant, Error> {
+        let mut body = json!({ "owner": owner, "ttl_seconds": whole_seconds(ttl) });
+        if !wait.is_zero() {
+            body["wait_ms"] = json!(whole_millis(wait));
+        }
         let url = self.url(resource, "")?;
         let sent = Instant::now();
-        let (status, bytes) = self.send(Method::POST, url, Some(body)).await?;
-        let lock = answer::acquire(status, &bytes, resource)?;
-        Ok(Grant { lock, sent })
+        let mut request = self.http.post(url).json(&body);
+        if !wait.is_zero() {
+            // The server answers only when the wait is over: the limit is for the rest.
+            request = request.timeout(self.timeout.saturating_add(wait));
+        }
+        let (status, bytes) = read(request).await?;
+        let granted = answer::acquire(status, &bytes, resource)?;
+        // The server granted the lease only after waiting `waited_ms` from the request's
+        // arrival, which is after it was sent: a later start, still never a late one.
+        let sent = sent + granted.waited;
+        Ok(Grant {
+            lock: granted.lock,
+            sent,
+        })
     }
 
     /// `{base}/locks/{resource}{suffix}`, with the resource as one path segment.
@@ -416,11 +511,16 @@ impl Client {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        let response = request.send().await.map_err(transport)?;
-        let status = response.status();
-        let bytes = response.bytes().await.map_err(transport)?.to_vec();
-        Ok((status, bytes))
+        read(request).await
     }
+}
+
+/// Sends `request` and reads the whole answer (see [`Client::send`]).
+async fn read(request: reqwest::RequestBuilder) -> Result<(StatusCode, Vec<u8>), Error> {
+    let response = request.send().await.map_err(transport)?;
+    let status = response.status();
+    let bytes = response.bytes().await.map_err(transport)?.to_vec();
+    Ok((status, bytes))
 }
 
 /// Checks and normalises the base URL: absolute `http`/`https`, no query or fragment, no
@@ -469,6 +569,17 @@ fn whole_seconds(ttl: Duration) -> u64 {
         seconds.saturating_add(1)
     } else {
         seconds
+    }
+}
+
+/// A wait in the contract's whole milliseconds, rounded up (so `wait_ms` is never zero for
+/// a wait that is not).
+fn whole_millis(wait: Duration) -> u64 {
+    let millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+    if !wait.subsec_nanos().is_multiple_of(1_000_000) {
+        millis.saturating_add(1)
+    } else {
+        millis
     }
 }
 
@@ -533,5 +644,13 @@ mod tests {
         assert_eq!(whole_seconds(Duration::from_millis(1)), 1);
         assert_eq!(whole_seconds(Duration::from_secs(2)), 2);
         assert_eq!(whole_seconds(Duration::from_millis(2001)), 3);
+    }
+
+    #[test]
+    fn wait_is_rounded_up_to_whole_milliseconds() {
+        assert_eq!(whole_millis(Duration::from_nanos(1)), 1);
+        assert_eq!(whole_millis(Duration::from_millis(1500)), 1500);
+        assert_eq!(whole_millis(Duration::from_micros(1500)), 2);
+        assert_eq!(whole_millis(Duration::MAX), u64::MAX);
     }
 }

@@ -397,3 +397,200 @@ async fn lease_with_retry_waits_for_another_lease() {
     releaser.await.expect("task").expect("first released");
     second.release().await.expect("released");
 }
+
+/// `lock` without a wait is one attempt: a held resource is `Held` at once (no retries, no
+/// `wait_ms` sent, so a server without waiting serves it); a free one is a `Lease`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_without_waiting_is_one_attempt() {
+    let (_server, client) = sqlite_app().await;
+    let holder = client
+        .lock("job:1", LONG, Duration::ZERO)
+        .await
+        .expect("locked");
+    assert!(holder.is_held());
+    let started = Instant::now();
+    let held = client
+        .lock("job:1", LONG, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(held, Error::Held { .. }), "{held:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    holder.release().await.expect("released");
+}
+
+/// `lock` with a wait lets the server wait (API.md, *Waiting*): the holder releases after
+/// about a second, and the waiter gets the lease with a greater fence from one request,
+/// held for its whole TTL from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_waits_on_the_server_for_a_release() {
+    let (_server, client) = sqlite_app().await;
+    let holder = client.lease("job:1", LONG).await.expect("leased");
+    let held_fence = holder.fence();
+    let releaser = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        holder.release().await
+    });
+    let started = Instant::now();
+    let lease = client
+        .lock("job:1", LONG, Duration::from_secs(5))
+        .await
+        .expect("locked after the release");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(lease.fence() > held_fence);
+    // The waited time does not eat into the lease: nearly all of its 60 s are left.
+    assert!(
+        lease.remaining() > LONG - Duration::from_secs(10),
+        "{lease:?}"
+    );
+    releaser.await.expect("task").expect("holder released");
+    lease.release().await.expect("released");
+}
+
+/// Sets its flag when dropped: tells that a future was cancelled.
+struct DropFlag(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// `Lease::run`: when the lease is lost (taken over, so the next renewal is refused), the
+/// work is cancelled (dropped) within about a renewal interval and the result is
+/// `LeaseLost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_cancels_the_work_when_the_lease_is_lost() {
+    let (app, client) = sqlite_app().await;
+    let ttl = Duration::from_secs(3);
+    let lease = client
+        .lock("job:1", ttl, Duration::ZERO)
+        .await
+        .expect("locked");
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = DropFlag(dropped.clone());
+    let work = async move {
+        let _flag = flag;
+        std::future::pending::<()>().await
+    };
+    app.db.age("job:1", 1).await;
+    client
+        .acquire("job:1", "thief", LONG)
+        .await
+        .expect("taken over");
+    let taken = Instant::now();
+
+    let result = tokio::time::timeout(PATIENCE, lease.run(work))
+        .await
+        .expect("the work was not cancelled in time");
+    let reason = loss(result);
+    assert!(
+        matches!(reason, LossReason::OwnerMismatch | LossReason::Expired),
+        "{reason:?}"
+    );
+    assert!(
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+        "the work was not dropped"
+    );
+    // Reported at the next renewal (a third of the TTL), well before PATIENCE.
+    assert!(
+        taken.elapsed() < ttl / 3 + Duration::from_secs(2),
+        "{:?}",
+        taken.elapsed()
+    );
+}
+
+/// `with_lock` hands the work the lease (held, with its fence), returns the work's output,
+/// and releases the lease afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_returns_the_output_and_releases() {
+    let (_server, client) = sqlite_app().await;
+    let inner = client.clone();
+    let (fence, live_fence) = client
+        .with_lock("job:1", LONG, Duration::ZERO, |lease| async move {
+            assert!(lease.is_held());
+            let live = inner
+                .inspect("job:1")
+                .await
+                .expect("inspect")
+                .expect("live");
+            (lease.fence(), live.fence)
+        })
+        .await
+        .expect("the work ran");
+    assert_eq!(fence, live_fence);
+    assert_eq!(client.inspect("job:1").await.expect("inspect"), None);
+}
+
+/// A stand-in for a server that waits: it takes one request, answers it after `delay` with
+/// a lease granted after `waited_ms`, and hands back the request's text.
+async fn one_waited_answer(
+    delay: Duration,
+    waited_ms: u64,
+) -> (String, tokio::task::JoinHandle<String>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = Vec::new();
+        let mut buffer = [0u8; 4096];
+        // The head, then as many body bytes as it announces.
+        loop {
+            let read = socket.read(&mut buffer).await.unwrap();
+            assert!(read > 0, "the request ended early");
+            request.extend_from_slice(&buffer[..read]);
+            let text = String::from_utf8_lossy(&request).to_lowercase();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let length: usize = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                if request.len() >= end + 4 + length {
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(delay).await;
+        let body = format!(
+            r#"{{"acquired":true,"waited_ms":{waited_ms},"lock":{{"resource":"job:1","owner":"o","fence":9,"acquired_at":"2026-11-30T01:02:03.456Z","expires_at":"2026-11-30T01:03:03.456Z","expires_in_ms":60000}}}}"#
+        );
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(answer.as_bytes()).await.unwrap();
+        String::from_utf8_lossy(&request).into_owned()
+    });
+    (address, task)
+}
+
+/// A waiting `lock` sends `wait_ms`, allows the request its wait beyond the client's own
+/// timeout (here 1 s, with an answer after 1.5 s), and counts the lease's time from the end
+/// of the server's wait: with `waited_ms` 1500 and 60 s granted, about 59 s are left, where
+/// counting from the request's start would leave 57.5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_lock_outlasts_the_client_timeout() {
+    let (address, server) = one_waited_answer(Duration::from_millis(1500), 1500).await;
+    let client = Client::builder(&address)
+        .no_proxy()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let lease = client
+        .lock("job:1", LONG, Duration::from_secs(3))
+        .await
+        .expect("the answer after 1.5 s is read");
+    let request = server.await.unwrap();
+    assert!(request.contains(r#""wait_ms":3000"#), "{request}");
+    assert_eq!(lease.fence(), 9);
+    // 0.5 s of margin on either side for a busy machine.
+    assert!(lease.remaining() > Duration::from_secs(58), "{lease:?}");
+}

@@ -23,6 +23,7 @@ mod input;
 mod inspect;
 mod late_work;
 mod listing;
+mod lock_command;
 mod lock_delay;
 mod metrics;
 mod misconfig;

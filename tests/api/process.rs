@@ -44,9 +44,31 @@ const SETTINGS: [(&str, &str); 19] = [
     ("--fence-key", "FENCELOCK_FENCE_KEY"),
 ];
 
+/// The options of `fencelock lock`, with their variables where they have one, as its
+/// `--help` must name them (the server's settings are hidden there). The variables are
+/// cleared for the tests' processes, like [`SETTINGS`]'.
+const LOCK_SETTINGS: [(&str, Option<&str>); 5] = [
+    ("--url", Some("FENCELOCK_URL")),
+    ("--token", Some("FENCELOCK_TOKEN")),
+    ("--ttl-seconds", None),
+    ("--wait-seconds", None),
+    ("--grace-seconds", None),
+];
+
 pub fn command(database_url: Option<&str>, cwd: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
     for (_, var) in SETTINGS {
+        command.env_remove(var);
+    }
+    for var in LOCK_SETTINGS.iter().filter_map(|(_, var)| *var) {
+        command.env_remove(var);
+    }
+    // What `fencelock lock` gives its command; one from outside must not show through.
+    for var in [
+        "FENCELOCK_RESOURCE",
+        "FENCELOCK_FENCE",
+        "FENCELOCK_FENCE_TOKEN",
+    ] {
         command.env_remove(var);
     }
     // Not a setting, but it changes what the server logs.
@@ -343,6 +365,37 @@ fn help_names_every_setting() {
     expected.sort();
     listed.sort();
     assert_eq!(listed, expected, "--help and SETTINGS disagree:\n{help}");
+}
+
+/// `fencelock lock --help` lists exactly its own options (with their variables), not the
+/// server's, and its exit statuses.
+#[test]
+fn lock_help_names_its_settings_and_exit_statuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = command(None, dir.path())
+        .args(["lock", "--help"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    let mut listed = help_options(&help);
+    listed.retain(|(flag, _)| flag != "--help");
+    let mut expected: Vec<(String, Option<String>)> = LOCK_SETTINGS
+        .iter()
+        .map(|(flag, var)| ((*flag).to_owned(), var.map(str::to_owned)))
+        .collect();
+    expected.sort();
+    listed.sort();
+    assert_eq!(
+        listed, expected,
+        "--help and LOCK_SETTINGS disagree:\n{help}"
+    );
+    for status in ["75", "69", "124", "126, 127"] {
+        assert!(
+            help.contains(&format!("\n  {status} ")),
+            "exit status {status}:\n{help}"
+        );
+    }
 }
 
 /// The options of a `--help` text: each long flag, with the variable of its `[env: ...]`.
