@@ -112,9 +112,12 @@ pub struct Outcome {
     /// States generated, repeats included.
     pub states: usize,
     pub unique_states: usize,
-    /// The deepest level explored (states at the depth bound are not expanded).
+    /// Every state reachable in this many steps was checked (the depth asked for, or less
+    /// when fewer steps already reach every state).
     pub depth: usize,
     pub elapsed: Duration,
+    /// Whether the check stopped at a counterexample before exploring everything.
+    pub stopped_early: bool,
     /// Counterexamples of `always` properties, by property name.
     pub violated: BTreeMap<&'static str, Trace>,
     /// Examples of `sometimes` properties, by property name.
@@ -135,11 +138,18 @@ impl Outcome {
 
     /// States, unique states, depth and time on one line.
     pub fn figures(&self) -> String {
+        let scope = if self.stopped_early {
+            format!(
+                "stopped at a counterexample, paths of up to {} steps",
+                self.depth
+            )
+        } else {
+            format!("every path of up to {} steps", self.depth)
+        };
         format!(
-            "{} states ({} unique), depth {}, {:.1} s",
+            "{} states ({} unique), {scope}, {:.1} s",
             self.states,
             self.unique_states,
-            self.depth,
             self.elapsed.as_secs_f64()
         )
     }
@@ -170,10 +180,13 @@ pub enum Finish {
 /// Explores every state reachable within `depth` steps, breadth first.
 pub fn check(cfg: Config, depth: usize, threads: usize, finish: Finish) -> Outcome {
     let started = Instant::now();
+    // stateright counts the initial state as depth 1 and does not check the states at its
+    // target depth: checking every path of `depth` steps takes a target of `depth + 2`.
+    let target = depth + 2;
     let builder = model(cfg)
         .checker()
         .threads(threads)
-        .target_max_depth(depth);
+        .target_max_depth(target);
     let builder = match finish {
         Finish::Exhausted => builder,
         Finish::FirstCounterexample => builder.finish_when(HasDiscoveries::AnyFailures),
@@ -198,9 +211,14 @@ pub fn check(cfg: Config, depth: usize, threads: usize, finish: Finish) -> Outco
         };
     }
     Outcome {
+        stopped_early: finish != Finish::Exhausted && !violated.is_empty(),
         states: checker.state_count(),
         unique_states: checker.unique_state_count(),
-        depth: checker.max_depth(),
+        depth: if checker.max_depth() >= target {
+            depth
+        } else {
+            checker.max_depth().saturating_sub(1)
+        },
         elapsed,
         violated,
         reached,

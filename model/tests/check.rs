@@ -7,10 +7,10 @@ use fencelock_model::properties::{
 use fencelock_model::{Config, Finish, Outcome, check};
 use stateright::actor::ActorModelAction;
 
-/// Deep enough for every counterexample below (the longest, the guard that checks and applies
-/// in two steps, takes 11 steps) and for an applied write by each worker; `cargo test` explores
-/// it in seconds. `fencelock-model --depth N` goes further.
-const DEPTH: usize = 12;
+/// Steps on a path: enough for every counterexample below (the longest, the guard that checks
+/// and applies in two steps, takes 9) and for an applied write by each worker, and `cargo
+/// test` explores it in seconds. `fencelock-model --depth N` goes further.
+const DEPTH: usize = 10;
 
 #[test]
 fn fencelock_keeps_every_property_within_the_bounds() {
@@ -32,7 +32,7 @@ fn fencelock_keeps_every_property_within_the_bounds() {
 fn fencelock_keeps_every_property_with_three_workers_and_a_lossy_network() {
     // Loss adds nothing a safety property could see (a lost message is one never delivered),
     // but it is cheap to check at a smaller depth; so are three workers.
-    for (workers, lossy, depth) in [(2, true, 9), (3, false, 9)] {
+    for (workers, lossy, depth) in [(2, true, 7), (3, false, 7)] {
         let cfg = Config {
             workers,
             lossy,
