@@ -331,7 +331,7 @@ impl Node {
                 // The check and the write are one atomic step (one statement in the store).
                 if let Some(lease) = &server.lease
                     && lease.owner != owner
-                    && now + clock_ahead < lease.expires_at
+                    && now.saturating_add(*clock_ahead) < lease.expires_at
                 {
                     o.send(src, Msg::Held { attempt });
                     return;
@@ -345,7 +345,7 @@ impl Node {
                     owner,
                     fence,
                     acquired_at: now,
-                    expires_at: now + ttl,
+                    expires_at: now.saturating_add(*ttl),
                 };
                 let State::Server(server) = state.to_mut() else {
                     return;
