@@ -1,0 +1,116 @@
+//! The bounded check: fencelock's protocol keeps every property within the depth, and each
+//! broken variant is caught with a counterexample, printed (`--nocapture` shows it).
+
+use fencelock_model::properties::{
+    EVERY_WORKER_WRITES, FENCE_ORDER, LEASE_ORDER, ONE_HOLDER, STALE_WRITE_REFUSED, UNIQUE_FENCES,
+};
+use fencelock_model::{Config, Finish, Outcome, check};
+use stateright::actor::ActorModelAction;
+
+/// Steps on a path: enough for every counterexample below (the longest, the guard that checks
+/// and applies in two steps, takes 9) and for an applied write by each worker, and `cargo
+/// test` explores it in seconds. `fencelock-model --depth N` goes further.
+const DEPTH: usize = 10;
+
+#[test]
+fn fencelock_keeps_every_property_within_the_bounds() {
+    let outcome = check(Config::fencelock(), DEPTH, 1, Finish::Exhausted);
+    println!("fencelock: {}", outcome.figures());
+    assert!(outcome.violated.is_empty(), "{}", outcome.counterexamples());
+    assert!(
+        outcome.reached.contains_key(EVERY_WORKER_WRITES),
+        "no path within depth {DEPTH} lets every worker write"
+    );
+    assert!(
+        outcome.reached.contains_key(STALE_WRITE_REFUSED),
+        "no path within depth {DEPTH} has a stale write for the guard to refuse"
+    );
+    assert_eq!(outcome.depth, DEPTH, "the check stopped short of its depth");
+}
+
+#[test]
+fn fencelock_keeps_every_property_with_three_workers_and_a_lossy_network() {
+    // Loss adds nothing a safety property could see (a lost message is one never delivered),
+    // but it is cheap to check at a smaller depth; so are three workers.
+    for (workers, lossy, depth) in [(2, true, 7), (3, false, 7)] {
+        let cfg = Config {
+            workers,
+            lossy,
+            ..Config::fencelock()
+        };
+        let outcome = check(cfg, depth, 1, Finish::Exhausted);
+        println!("{workers} workers, lossy {lossy}: {}", outcome.figures());
+        assert!(outcome.violated.is_empty(), "{}", outcome.counterexamples());
+    }
+}
+
+fn counterexample(variant: &str, property: &'static str) -> Outcome {
+    let cfg = Config::fencelock()
+        .variant(variant)
+        .expect("a known variant");
+    let outcome = check(cfg, DEPTH, 1, Finish::CounterexampleTo(property));
+    println!(
+        "{variant}: {}\n{}",
+        outcome.figures(),
+        outcome.counterexamples()
+    );
+    assert!(
+        outcome.violated.contains_key(property),
+        "{variant}: no counterexample to \"{property}\" within depth {DEPTH}"
+    );
+    outcome
+}
+
+#[test]
+fn a_store_without_the_guard_applies_a_stale_write() {
+    counterexample("unguarded", FENCE_ORDER);
+}
+
+#[test]
+fn fences_counted_per_row_and_reset_on_release_are_issued_twice() {
+    counterexample("per-row-fences", UNIQUE_FENCES);
+}
+
+#[test]
+fn reissued_fences_let_an_earlier_lease_write_after_a_later_one() {
+    // The guard still sees non-decreasing fences, but two leases share one.
+    counterexample("per-row-fences", LEASE_ORDER);
+}
+
+#[test]
+fn a_guard_that_checks_and_applies_in_two_steps_applies_a_stale_write() {
+    counterexample("check-then-apply", FENCE_ORDER);
+}
+
+#[test]
+fn a_counter_kept_in_memory_reissues_fences_after_a_restart() {
+    let outcome = counterexample("in-memory-counter", UNIQUE_FENCES);
+    let path = outcome.violated[UNIQUE_FENCES].clone();
+    assert!(
+        path.into_actions()
+            .iter()
+            .any(|a| matches!(a, ActorModelAction::Crash(_))),
+        "the counterexample should need a crash"
+    );
+    // And without crashes the same variant is safe: the restart is what the check caught.
+    let mut cfg = Config::fencelock().variant("in-memory-counter").unwrap();
+    cfg.server_crashes = false;
+    let outcome = check(cfg, DEPTH - 2, 1, Finish::Exhausted);
+    assert!(outcome.violated.is_empty(), "{}", outcome.counterexamples());
+}
+
+#[test]
+fn expiry_judged_ahead_of_the_store_clock_makes_two_holders_but_the_guard_keeps_order() {
+    let cfg = Config::fencelock().variant("clock-ahead").unwrap();
+    let outcome = check(cfg, DEPTH - 2, 1, Finish::Exhausted);
+    println!(
+        "clock-ahead: {}\n{}",
+        outcome.figures(),
+        outcome.counterexamples()
+    );
+    assert!(outcome.violated.contains_key(ONE_HOLDER));
+    // Fencing is what still protects the data when leases overlap.
+    assert!(!outcome.violated.contains_key(FENCE_ORDER));
+    assert!(!outcome.violated.contains_key(LEASE_ORDER));
+    assert!(!outcome.violated.contains_key(UNIQUE_FENCES));
+}
