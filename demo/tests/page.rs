@@ -350,6 +350,8 @@ async fn the_page_plays_every_story_in_a_browser() {
         ],
         "{gap:#?}"
     );
+    assert!(!gap.marks[0].classes.contains("stale"), "{gap:#?}");
+    assert!(gap.marks[1].classes.contains("stale"), "{gap:#?}");
     assert!(gap.verdict_class.contains("gap"), "{gap:#?}");
     assert_eq!(gap.document, "B's complete report", "{gap:#?}");
     screenshot(&browser, "gap").await;

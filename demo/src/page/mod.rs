@@ -146,6 +146,8 @@ pub struct Mark {
     /// The worker the story granted this fence to; `null` for a fence it did not grant.
     #[schema(required = true)]
     worker: Option<&'static str>,
+    /// Made after a greater fence had been granted: the writer had lost its lease.
+    late: bool,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -237,6 +239,10 @@ async fn run_state(stage: &Stage, run: &Run, newest: bool) -> Result<RunState, A
                 outcome: w.outcome,
                 at: time(w.at),
                 worker: holder(w.fence),
+                late: view
+                    .grants
+                    .iter()
+                    .any(|(fence, granted)| *fence > w.fence && *granted <= w.at),
             })
             .collect();
         document = ask(timeout, docs.get(&run.key))

@@ -154,6 +154,8 @@ struct RunLog {
     /// Each fence the story was granted, and to which worker: how the page names holders
     /// and writers (it never sees an owner).
     holders: BTreeMap<i64, &'static str>,
+    /// When each fence was granted: a write with a lower fence after that is a late one.
+    grants: Vec<(i64, DateTime<Utc>)>,
     verdict: Option<Verdict>,
     error: Option<String>,
     finished: bool,
@@ -174,6 +176,7 @@ pub struct RunView {
     pub phase: Phase,
     pub events: Vec<Event>,
     pub holders: BTreeMap<i64, &'static str>,
+    pub grants: Vec<(i64, DateTime<Utc>)>,
     pub verdict: Option<Verdict>,
     pub error: Option<String>,
 }
@@ -201,6 +204,7 @@ impl Run {
             phase,
             events: log.events.clone(),
             holders: log.holders.clone(),
+            grants: log.grants.clone(),
             verdict: log.verdict.clone(),
             error: log.error.clone(),
         }
@@ -239,7 +243,9 @@ impl Narrator for RunNarrator<'_> {
         } else {
             story::WORKER_B
         };
-        self.run.log().holders.insert(lock.fence, worker);
+        let mut log = self.run.log();
+        log.holders.insert(lock.fence, worker);
+        log.grants.push((lock.fence, Utc::now()));
     }
 
     async fn beat(&self) {

@@ -112,6 +112,7 @@ impl Browser {
             .as_str()
             .expect("a session id")
             .to_owned();
+        browser.resize(width, height).await;
         browser
     }
 
@@ -183,13 +184,23 @@ impl Browser {
         }
     }
 
+    /// Sizes the window so that the page's viewport is `width`×`height`: headless chromium
+    /// keeps room for a window frame it does not draw, so the window is sized, the viewport
+    /// measured, and the window sized again by the difference.
     pub async fn resize(&self, width: u32, height: u32) {
-        self.command(
-            reqwest::Method::POST,
-            "/window/rect",
-            Some(json!({ "width": width, "height": height })),
-        )
-        .await;
+        let (mut outer_width, mut outer_height) = (width, height);
+        for _ in 0..2 {
+            self.command(
+                reqwest::Method::POST,
+                "/window/rect",
+                Some(json!({ "width": outer_width, "height": outer_height })),
+            )
+            .await;
+            let inner = self.script("return [innerWidth, innerHeight];").await;
+            let measured = |i: usize| u32::try_from(inner[i].as_u64().unwrap_or(0)).unwrap_or(0);
+            outer_width = (outer_width + width).saturating_sub(measured(0));
+            outer_height = (outer_height + height).saturating_sub(measured(1));
+        }
     }
 
     /// A PNG of the window's viewport.

@@ -36,10 +36,11 @@ function offset(run, at) {
   return "+" + seconds(Math.max(0, ms));
 }
 
-// Applied writes whose value a later write with a lower fence replaced: lost to a stale writer.
+// Applied writes whose value a later write with a lower fence replaced: lost to a stale
+// writer. And applied late writes: made after a greater fence had been granted.
 function classify(writes) {
   const overwritten = new Set();
-  const stale = new Set();
+  const stale = new Set(writes.filter((w) => w.late && w.outcome === "applied").map((w) => w.id));
   writes.forEach((w, i) => {
     if (w.outcome !== "applied") return;
     for (const later of writes.slice(i + 1)) {
