@@ -17,6 +17,7 @@
 //!   parameter, is `422 validation-failed` naming it.
 //!
 //! - `GET /openapi.json`: this API's OpenAPI document ([`crate::openapi`]).
+//! - `GET /`: the paused-worker story as a page, and its JSON endpoints ([`crate::page`]).
 //!
 //! Every store call is bounded by the store timeout: past it, or when the database cannot be
 //! reached, the answer is `503 store-unavailable` with `Retry-After`, as from the lease
@@ -24,6 +25,7 @@
 
 use std::future::{Ready, ready};
 use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::Payload;
@@ -44,11 +46,13 @@ use serde_json::json;
 
 use crate::docs::{MAX_PAGE_LIMIT, Page, Put, SharedDocs, Write};
 use crate::openapi as api;
+use crate::page::{self, PageOptions, Stage};
 
 /// A bound demo store that has not started serving yet.
 pub struct DemoServer {
     port: u16,
     server: Server,
+    stage: Arc<Stage>,
 }
 
 /// What every handler shares.
@@ -80,16 +84,27 @@ impl DemoServer {
     /// Binds `bind` and builds the app; `store_timeout` bounds every store call of every
     /// request (see [`crate::docs::StoreOptions`]). `guard` checks each write's token (with
     /// its keys, if any) and counts in `registry`, which `GET /metrics` serves; `docs` must
-    /// have been opened with the same guard (see [`crate::docs::open`]).
+    /// have been opened with the same guard (see [`crate::docs::open`]). `page` says how the
+    /// page at `/` plays its stories.
     pub fn build(
         bind: SocketAddr,
         docs: SharedDocs,
         guard: Guard,
         store_timeout: Duration,
         registry: Registry,
+        page: PageOptions,
     ) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(bind).with_context(|| format!("binding {bind}"))?;
-        let port = listener.local_addr()?.port();
+        let bound = listener.local_addr()?;
+        let port = bound.port();
+        let stage = Arc::new(Stage::new(
+            page,
+            bound,
+            docs.clone(),
+            guard.clone(),
+            store_timeout,
+        ));
+        let stage_data = web::Data::from(stage.clone());
         let docs = web::Data::new(Docs {
             store: docs,
             guard,
@@ -103,6 +118,8 @@ impl DemoServer {
                 .app_data(docs.clone())
                 .app_data(registry.clone())
                 .app_data(http_metrics.clone())
+                .app_data(stage_data.clone())
+                .configure(page::routes)
                 .service(
                     http::resource("/docs/{key}", "GET, PUT")
                         .route(web::put().to(put_doc))
@@ -122,11 +139,22 @@ impl DemoServer {
         .disable_signals()
         .listen(listener)?
         .run();
-        Ok(Self { port, server })
+        Ok(Self {
+            port,
+            server,
+            stage,
+        })
     }
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Starts what the page's stories need beyond this store now rather than at the first
+    /// story (the in-process lease server, the unguarded copy), and answers the lease
+    /// server's URL.
+    pub async fn prepare_page(&self) -> anyhow::Result<String> {
+        Ok(self.stage.backstage().await?.lease_url.clone())
     }
 
     pub fn handle(&self) -> ServerHandle {

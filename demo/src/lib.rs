@@ -7,8 +7,10 @@
 //! - [`app`]: the demo store's HTTP API.
 //! - [`openapi`]: its OpenAPI document, served at `/openapi.json`.
 //! - [`story`]: the paused-worker scenario, against in-process or running services.
+//! - [`page`]: the same stories as a page in the browser, served by the demo store at `/`.
 
 pub mod app;
 pub mod docs;
 pub mod openapi;
+pub mod page;
 pub mod story;

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use fencelock::config::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
 use fencelock::domain::{FenceKey, FenceKeys};
 use fencelock::guard::{Guard, GuardMetrics};
@@ -11,6 +11,7 @@ use fencelock::metrics::Registry;
 use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
 use fencelock_demo::docs::{self, Guarding};
+use fencelock_demo::page::{PageOptions, stage};
 use fencelock_demo::story::{self, StoryOptions, Verdict};
 
 /// The fencelock demo: a protected store that uses the write guard, and the paused-worker
@@ -65,6 +66,17 @@ enum Command {
             value_delimiter = ','
         )]
         fence_keys: Vec<PathBuf>,
+        #[command(flatten)]
+        page: PageFlags,
+    },
+    /// Serve the paused-worker stories as a page: starts a lease server and a demo store
+    /// in-process (on temporary SQLite files) and prints the page's URL.
+    Page {
+        /// Address and port of the page (and of the demo store that serves it).
+        #[arg(long, env = "FENCELOCK_DEMO_BIND", default_value = "127.0.0.1:8081")]
+        bind: SocketAddr,
+        #[command(flatten)]
+        page: PageFlags,
     },
     /// Play the paused-worker story and print its timeline.
     PausedWorker {
@@ -91,13 +103,62 @@ enum Command {
     },
 }
 
+/// How the page at `/` plays its stories.
+#[derive(Args)]
+struct PageFlags {
+    /// A running fencelock server for the page's stories; unset: one started in-process on a
+    /// temporary SQLite file (by `store`, when the first story is played).
+    #[arg(long, value_name = "URL")]
+    lease_url: Option<String>,
+    /// The bearer secret for a lease server that runs with `--auth-file` (lock and read on
+    /// `report:`).
+    #[arg(long, env = "FENCELOCK_DEMO_TOKEN", hide_env_values = true)]
+    lease_token: Option<String>,
+    /// The stories' lease TTL; worker A pauses for longer than this.
+    #[arg(
+        long,
+        default_value_t = stage::DEFAULT_TTL_SECONDS,
+        value_parser = clap::value_parser!(u32).range(1..=60)
+    )]
+    story_ttl_seconds: u32,
+    /// The pause after each step of a story, so that a person can follow.
+    #[arg(
+        long,
+        default_value_t = stage::DEFAULT_BEAT_MS,
+        value_parser = clap::value_parser!(u64).range(0..=10_000)
+    )]
+    beat_ms: u64,
+}
+
+impl PageFlags {
+    fn options(
+        self,
+        guarding: Guarding,
+        fence_key: Option<FenceKey>,
+    ) -> anyhow::Result<PageOptions> {
+        if let Some(url) = &self.lease_url {
+            // A bad URL is refused now, not at the first story.
+            fencelock::client::Client::new(url.clone())
+                .map_err(|e| anyhow::anyhow!("--lease-url {url}: {e}"))?;
+        }
+        Ok(PageOptions {
+            lease_url: self.lease_url,
+            token: self.lease_token,
+            fence_key,
+            ttl: Duration::from_secs(u64::from(self.story_ttl_seconds)),
+            beat: Duration::from_millis(self.beat_ms),
+            guarding,
+        })
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The story prints its own timeline; the servers it starts only speak up when something
     // is wrong.
     let default_filter = match cli.command {
         Command::Store { .. } => "info",
-        Command::PausedWorker { .. } => "warn",
+        Command::Page { .. } | Command::PausedWorker { .. } => "warn",
     };
     let _logs = match fencelock::telemetry::init_with_default(
         fencelock::config::LogFormat::Text,
@@ -118,6 +179,7 @@ fn main() -> ExitCode {
                 store_timeout_ms,
                 no_guard,
                 fence_keys,
+                page,
             } => {
                 let settings = StoreOptions {
                     pool_size: usize::from(pool_size),
@@ -132,7 +194,31 @@ fn main() -> ExitCode {
                     }
                 };
                 let guarding = guarding(no_guard);
-                match serve(bind, database_url.as_deref(), guarding, keys, settings).await {
+                let page = match page.options(guarding, keys.first().cloned()) {
+                    Ok(page) => page,
+                    Err(e) => {
+                        eprintln!("fencelock-demo: {e:#}");
+                        return ExitCode::from(2);
+                    }
+                };
+                let served = serve(bind, database_url.as_deref(), keys, settings, page).await;
+                match served {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("fencelock-demo: {e:#}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+            Command::Page { bind, page } => {
+                let page = match page.options(Guarding::On, None) {
+                    Ok(page) => page,
+                    Err(e) => {
+                        eprintln!("fencelock-demo: {e:#}");
+                        return ExitCode::from(2);
+                    }
+                };
+                match serve_page(bind, page).await {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => {
                         eprintln!("fencelock-demo: {e:#}");
@@ -216,21 +302,58 @@ fn read_keys(files: &[PathBuf]) -> anyhow::Result<Vec<FenceKey>> {
 async fn serve(
     bind: SocketAddr,
     url: Option<&str>,
-    guarding: Guarding,
     keys: Vec<FenceKey>,
     settings: StoreOptions,
+    page: PageOptions,
 ) -> anyhow::Result<()> {
     let registry = Registry::new();
     let signed = keys.len();
+    let guarding = page.guarding;
     let guard = Guard::new(FenceKeys::new(keys), GuardMetrics::register(&registry));
     let docs = docs::open(url, guarding, settings, &guard).await?;
-    let server = DemoServer::build(bind, docs, guard, settings.timeout, registry)?;
+    let server = DemoServer::build(bind, docs, guard, settings.timeout, registry, page)?;
     tracing::info!(
         port = server.port(),
         ?guarding,
         fence_keys = signed,
         "demo store serving"
     );
+    run_until_signal(server).await
+}
+
+/// `fencelock-demo page`: the store on a temporary SQLite file, the lease server in-process
+/// unless `--lease-url` names one, and the page's URL on stdout.
+async fn serve_page(bind: SocketAddr, page: PageOptions) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let scratch = tempfile::tempdir().context("creating a scratch directory")?;
+    let registry = Registry::new();
+    let guard = Guard::new(FenceKeys::default(), GuardMetrics::register(&registry));
+    let db = format!("sqlite://{}", scratch.path().join("docs.db").display());
+    let settings = StoreOptions::default();
+    let docs = docs::open(Some(&db), Guarding::On, settings, &guard).await?;
+    let external = page.lease_url.is_some();
+    let server = DemoServer::build(bind, docs, guard, settings.timeout, registry, page)?;
+    let lease_url = server.prepare_page().await?;
+    let shown = match bind.ip() {
+        ip if ip.is_unspecified() => SocketAddr::new([127, 0, 0, 1].into(), server.port()),
+        ip => SocketAddr::new(ip, server.port()),
+    };
+    let lease_kind = if external {
+        "as given"
+    } else {
+        "in-process, temporary SQLite file"
+    };
+    println!("The paused-worker stories, as a page");
+    println!("  page:         http://{shown}/");
+    println!("  lease server: {lease_url} ({lease_kind})");
+    println!("  demo store:   this process, temporary SQLite file, guard on");
+    println!("Open the page in a browser. Ctrl-C stops.");
+    let served = run_until_signal(server).await;
+    drop(scratch);
+    served
+}
+
+async fn run_until_signal(server: DemoServer) -> anyhow::Result<()> {
     let handle = server.handle();
     actix_web::rt::spawn(async move {
         let signal = fencelock::shutdown::signal().await;

@@ -10,6 +10,7 @@ use utoipa::OpenApi;
 
 use crate::app;
 use crate::docs::Outcome;
+use crate::page::{self, stage};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -20,9 +21,17 @@ use crate::docs::Outcome;
             fence below the highest accepted for its key is refused (`409 stale-fence`).",
         license(name = "MIT OR Apache-2.0", identifier = "MIT OR Apache-2.0"),
     ),
-    paths(app::put_doc, app::get_doc, app::list_writes),
-    components(schemas(Applied, Document, WritesPage, WriteRecord, Outcome)),
-    tags((name = "docs", description = "Documents and their write log")),
+    paths(app::put_doc, app::get_doc, app::list_writes, page::state, page::play),
+    components(schemas(
+        Applied, Document, WritesPage, WriteRecord, Outcome,
+        page::PageState, page::RunState, page::Mark, page::DocumentState, page::LeaseState,
+        page::Started, page::PlayBody, page::Story, stage::Verdict, stage::VerdictKind,
+        stage::Event, stage::Phase,
+    )),
+    tags(
+        (name = "docs", description = "Documents and their write log"),
+        (name = "page", description = "The paused-worker page's state, and its buttons"),
+    ),
 )]
 struct DemoStoreApi;
 
@@ -155,4 +164,13 @@ fencelock::problem_answers! {
         store_failures(),
     ].into_iter().flatten();
     WritesProblems => [vec![invalid_input()], store_failures()].into_iter().flatten();
+    StateProblems => [vec![invalid_input()], store_failures()].into_iter().flatten();
+    PlayProblems => [
+        body_refusals(),
+        vec![
+            invalid_input(),
+            ApiError::QuotaExceeded(String::new()),
+            ApiError::Internal(anyhow::anyhow!("")),
+        ],
+    ].into_iter().flatten();
 }

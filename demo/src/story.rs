@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 
 use crate::app::DemoServer;
 use crate::docs::{self, Guarding};
+use crate::page::PageOptions;
 use fencelock::store::StoreOptions;
 
 pub struct StoryOptions {
@@ -55,8 +56,8 @@ pub enum Verdict {
 }
 
 /// The workers, as the timeline names them and as they sign their reports.
-const WORKER_A: &str = "worker A";
-const WORKER_B: &str = "worker B";
+pub(crate) const WORKER_A: &str = "worker A";
+pub(crate) const WORKER_B: &str = "worker B";
 
 /// Prints a line of the story. A reader that goes away (`| head -3`) ends the story: the
 /// error carries `io::ErrorKind::BrokenPipe`, which `main` treats as a normal end.
@@ -100,6 +101,12 @@ pub async fn run(options: StoryOptions) -> anyhow::Result<Verdict> {
                 guard,
                 settings.timeout,
                 registry,
+                PageOptions {
+                    lease_url: Some(lease_url.clone()),
+                    token: options.token.clone(),
+                    guarding: options.guarding,
+                    ..PageOptions::default()
+                },
             )?;
             let url = format!("http://127.0.0.1:{}", server.port());
             stops.push(server.handle());
@@ -127,7 +134,6 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
     // A fresh resource per run, so a long-running server's earlier runs never interfere.
     let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S%.3f");
     let resource = format!("report:story-{stamp}");
-    let (owner_a, owner_b) = (secret(), secret());
 
     let guard_text = match (options.guarding, options.store_url.is_some()) {
         (Guarding::On, _) => "guard ON",
@@ -147,44 +153,19 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
     };
     out!("  fences:       {signed}\n")?;
 
-    let a = locks.acquire(&resource, &owner_a, ttl).await?;
-    timeline.say(WORKER_A, format!("acquires the lease: fence {}", a.fence))?;
-    let part_1 = report(WORKER_A, "A's report, part 1");
-    let first = store.write(&resource, &a, part_1).await?;
-    timeline.wrote(WORKER_A, "writes part 1", &a, &first)?;
-    timeline.say(
-        WORKER_A,
-        "pauses (a long GC pause): it stops renewing and does not know it",
-    )?;
-
-    wait_for_expiry(&locks, &resource, ttl).await?;
-    timeline.say(
-        "lease server",
-        format!("A's lease on {resource} has expired"),
-    )?;
-
-    let b = locks.acquire(&resource, &owner_b, ttl).await?;
-    timeline.say(
-        WORKER_B,
-        format!(
-            "acquires the lease: fence {} (greater than A's {})",
-            b.fence, a.fence
-        ),
-    )?;
-    let b_value = report(WORKER_B, "B's complete report");
-    let b_write = store.write(&resource, &b, b_value.clone()).await?;
-    timeline.wrote(WORKER_B, "writes its report", &b, &b_write)?;
-
-    timeline.say(
-        WORKER_A,
-        "wakes up, still believes it holds the lease, writes part 2",
-    )?;
-    let part_2 = report(WORKER_A, "A's report, part 2 (late)");
-    let late = store.write(&resource, &a, part_2).await?;
-    timeline.wrote("demo store", "A's late write", &a, &late)?;
-
-    locks.release(&resource, &owner_b, Some(b.fence)).await?;
-    timeline.say(WORKER_B, "releases the lease")?;
+    let scene = Scene {
+        narrator: &timeline,
+        locks: &locks,
+        desk: &store,
+        resource: &resource,
+        ttl,
+        ttl_b: ttl,
+    };
+    let cast = scene.takeover().await?;
+    let (b_value, _) = scene.b_writes(&cast).await?;
+    let late = scene.a_writes_late(&cast).await?;
+    scene.b_releases(&cast).await?;
+    let (a, b) = (&cast.a, &cast.b);
 
     let doc = store.read(&resource).await?;
     out!("\nFinal document:\n  {}", serde_json::to_string(&doc)?)?;
@@ -231,6 +212,178 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
     Ok(verdict)
 }
 
+/// Who tells a story as it plays, and at what pace: the terminal's timeline, or the page.
+pub(crate) trait Narrator {
+    /// One event: `who` did `what`.
+    fn say(&self, who: &str, what: &str) -> std::io::Result<()>;
+
+    /// `worker` was granted `lock` (the page names each fence's holder by it).
+    fn granted(&self, _worker: &str, _lock: &LockInfo) {}
+
+    /// A pause after a step, so that a person can follow; none in the terminal.
+    async fn beat(&self) {}
+}
+
+/// Where the workers write their documents: a demo store over HTTP ([`Store`]), or the
+/// page's unguarded store in-process.
+pub(crate) trait Desk {
+    /// Writes `value` under `key` with `lock`'s `fence_token` when the lease server gave one,
+    /// else its fence. A stale write is an `Ok` that was not applied.
+    async fn write(&self, key: &str, lock: &LockInfo, value: Value) -> anyhow::Result<WriteResult>;
+}
+
+/// The two workers, a lease server and a store: the steps every paused-worker story is made
+/// of, told by `narrator`.
+pub(crate) struct Scene<'a, N, D> {
+    pub narrator: &'a N,
+    pub locks: &'a Client,
+    pub desk: &'a D,
+    pub resource: &'a str,
+    pub ttl: Duration,
+    /// B's lease TTL: the page's slow pace needs B's lease to outlive the rest of the story.
+    pub ttl_b: Duration,
+}
+
+/// The two leases of a story, once B has taken over from the paused A.
+pub(crate) struct Takeover {
+    pub a: LockInfo,
+    pub b: LockInfo,
+    owner_a: String,
+    owner_b: String,
+}
+
+impl<N: Narrator, D: Desk> Scene<'_, N, D> {
+    async fn step(&self, who: &str, what: impl Display) -> anyhow::Result<()> {
+        self.narrator.say(who, &what.to_string())?;
+        self.narrator.beat().await;
+        Ok(())
+    }
+
+    /// Tells a write made with `lock`'s fence, and what came of it.
+    async fn wrote(
+        &self,
+        who: &str,
+        what: &str,
+        lock: &LockInfo,
+        result: &WriteResult,
+    ) -> anyhow::Result<()> {
+        self.step(who, format!("{what} with fence {} → {result}", lock.fence))
+            .await
+    }
+
+    /// A acquires and writes part 1, then pauses past its TTL; the lease expires and B
+    /// acquires it with a greater fence (and has not written yet).
+    pub async fn takeover(&self) -> anyhow::Result<Takeover> {
+        let (owner_a, owner_b) = (secret(), secret());
+        let resource = self.resource;
+        let a = self.locks.acquire(resource, &owner_a, self.ttl).await?;
+        self.narrator.granted(WORKER_A, &a);
+        self.step(WORKER_A, format!("acquires the lease: fence {}", a.fence))
+            .await?;
+        let part_1 = report(WORKER_A, "A's report, part 1");
+        let first = self.desk.write(resource, &a, part_1).await?;
+        self.wrote(WORKER_A, "writes part 1", &a, &first).await?;
+        self.narrator.say(
+            WORKER_A,
+            "pauses (a long GC pause): it stops renewing and does not know it",
+        )?;
+
+        wait_for_expiry(self.locks, resource, self.ttl).await?;
+        self.step(
+            "lease server",
+            format!("A's lease on {resource} has expired"),
+        )
+        .await?;
+
+        let b = self.locks.acquire(resource, &owner_b, self.ttl_b).await?;
+        self.narrator.granted(WORKER_B, &b);
+        self.step(
+            WORKER_B,
+            format!(
+                "acquires the lease: fence {} (greater than A's {})",
+                b.fence, a.fence
+            ),
+        )
+        .await?;
+        Ok(Takeover {
+            a,
+            b,
+            owner_a,
+            owner_b,
+        })
+    }
+
+    /// B writes its report: the value that must stand.
+    pub async fn b_writes(&self, cast: &Takeover) -> anyhow::Result<(Value, WriteResult)> {
+        let b_value = report(WORKER_B, "B's complete report");
+        let written = self
+            .desk
+            .write(self.resource, &cast.b, b_value.clone())
+            .await?;
+        self.wrote(WORKER_B, "writes its report", &cast.b, &written)
+            .await?;
+        Ok((b_value, written))
+    }
+
+    /// A wakes, still believing it holds the lease, and writes part 2 with its old fence.
+    pub async fn a_writes_late(&self, cast: &Takeover) -> anyhow::Result<WriteResult> {
+        self.narrator.say(
+            WORKER_A,
+            "wakes up, still believes it holds the lease, writes part 2",
+        )?;
+        let part_2 = report(WORKER_A, "A's report, part 2 (late)");
+        let late = self.desk.write(self.resource, &cast.a, part_2).await?;
+        self.wrote("demo store", "A's late write", &cast.a, &late)
+            .await?;
+        Ok(late)
+    }
+
+    /// A wakes and, before its irreversible step, asks the lease server whether it still
+    /// holds the lease: a renew naming its fence. True when it does (and may go on).
+    pub async fn a_checks(&self, cast: &Takeover) -> anyhow::Result<bool> {
+        self.step(
+            WORKER_A,
+            format!(
+                "wakes up and, before the irreversible step, renews its lease (fence {})",
+                cast.a.fence
+            ),
+        )
+        .await?;
+        match self
+            .locks
+            .renew(self.resource, &cast.owner_a, self.ttl, Some(cast.a.fence))
+            .await
+        {
+            Ok(_) => {
+                self.step("lease server", "renews A's lease: A still holds it")
+                    .await?;
+                Ok(true)
+            }
+            Err(e) if e.is_lease_lost() => {
+                self.step(
+                    "lease server",
+                    format!(
+                        "refuses A's renewal ({e}): fence {} holds it now",
+                        cast.b.fence
+                    ),
+                )
+                .await?;
+                self.step(WORKER_A, "has lost the lease: stops without writing")
+                    .await?;
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn b_releases(&self, cast: &Takeover) -> anyhow::Result<()> {
+        self.locks
+            .release(self.resource, &cast.owner_b, Some(cast.b.fence))
+            .await?;
+        self.step(WORKER_B, "releases the lease").await
+    }
+}
+
 /// Polls the lease server until the lease is gone: the paused worker's sleep, ended by the
 /// lease server's own clock rather than ours.
 async fn wait_for_expiry(locks: &Client, resource: &str, ttl: Duration) -> anyhow::Result<()> {
@@ -242,6 +395,14 @@ async fn wait_for_expiry(locks: &Client, resource: &str, ttl: Duration) -> anyho
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(())
+}
+
+/// What a worker sends as `Fencing-Token` for `lock`: the lease server's signed
+/// `fence_token` when it gave one, else the bare fence.
+pub(crate) fn fencing_token(lock: &LockInfo) -> String {
+    lock.fence_token
+        .clone()
+        .unwrap_or_else(|| lock.fence.to_string())
 }
 
 /// A document as the workers write it.
@@ -265,32 +426,23 @@ impl Timeline {
             started: Instant::now(),
         }
     }
+}
 
-    fn say(&self, who: &str, what: impl Display) -> std::io::Result<()> {
+impl Narrator for Timeline {
+    fn say(&self, who: &str, what: &str) -> std::io::Result<()> {
         let at = self.started.elapsed().as_secs_f64();
         writeln!(std::io::stdout().lock(), "  +{at:6.3}s  {who:<12}  {what}")
-    }
-
-    /// Tells a write made with `lock`'s fence, and what came of it.
-    fn wrote(
-        &self,
-        who: &str,
-        what: &str,
-        lock: &LockInfo,
-        result: &WriteResult,
-    ) -> std::io::Result<()> {
-        self.say(who, format!("{what} with fence {} → {result}", lock.fence))
     }
 }
 
 /// The demo store's HTTP API, as a worker uses it.
-struct Store {
+pub(crate) struct Store {
     http: reqwest::Client,
     base: String,
 }
 
-struct WriteResult {
-    applied: bool,
+pub(crate) struct WriteResult {
+    pub applied: bool,
     status: u16,
     body: Value,
 }
@@ -312,22 +464,20 @@ impl Display for WriteResult {
     }
 }
 
-impl Store {
-    fn new(base: &str) -> anyhow::Result<Self> {
-        Ok(Self {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()?,
-            base: base.to_owned(),
-        })
+impl WriteResult {
+    /// A store's answer to a write: `200` applied, `409` stale with the problem `body`.
+    pub(crate) fn new(status: u16, body: Value) -> Self {
+        Self {
+            applied: status == 200,
+            status,
+            body,
+        }
     }
+}
 
-    /// Writes with the lease's `fence_token` when the lease server gave one, else its fence.
+impl Desk for Store {
     async fn write(&self, key: &str, lock: &LockInfo, value: Value) -> anyhow::Result<WriteResult> {
-        let token = lock
-            .fence_token
-            .clone()
-            .unwrap_or_else(|| lock.fence.to_string());
+        let token = fencing_token(lock);
         let response = self
             .http
             .put(format!("{}/docs/{key}", self.base))
@@ -339,18 +489,20 @@ impl Store {
         let status = response.status().as_u16();
         let body: Value = response.json().await.unwrap_or(Value::Null);
         match status {
-            200 => Ok(WriteResult {
-                applied: true,
-                status,
-                body,
-            }),
-            409 => Ok(WriteResult {
-                applied: false,
-                status,
-                body,
-            }),
+            200 | 409 => Ok(WriteResult::new(status, body)),
             _ => bail!("the demo store answered {status}: {body}"),
         }
+    }
+}
+
+impl Store {
+    pub(crate) fn new(base: &str) -> anyhow::Result<Self> {
+        Ok(Self {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()?,
+            base: base.to_owned(),
+        })
     }
 
     async fn read(&self, key: &str) -> anyhow::Result<Value> {

@@ -533,7 +533,7 @@ async fn bad_page_parameters_are_422(kind: StoreKind) {
 
 /// What each operation of the demo store can answer, beyond the HTTP layer's own refusals
 /// (`400`, `408`, `431`), which every operation documents.
-const OPERATIONS: [(&str, &[u16]); 5] = [
+const OPERATIONS: [(&str, &[u16]); 7] = [
     (
         "PUT /docs/{key}",
         &[200, 403, 409, 413, 415, 422, 428, 500, 503],
@@ -542,6 +542,8 @@ const OPERATIONS: [(&str, &[u16]); 5] = [
     ("GET /docs/{key}/writes", &[200, 422, 500, 503]),
     ("GET /metrics", &[200]),
     ("GET /openapi.json", &[200]),
+    ("GET /page/state", &[200, 422, 500, 503]),
+    ("POST /page/runs", &[202, 413, 415, 422, 429, 500]),
 ];
 
 async fn the_document_matches_the_store(kind: StoreKind) {
@@ -564,9 +566,11 @@ async fn the_document_matches_the_store(kind: StoreKind) {
             ("/docs/{key}", "PUT", 409, &["stale-fence"]),
             ("/docs/{key}", "PUT", 428, &["fencing-token-required"]),
             ("/docs/{key}", "PUT", 403, &["invalid-fence-token"]),
+            ("/page/runs", "POST", 429, &["quota-exceeded"]),
         ],
     );
-    let not_served = ["/docs", "/docs/a/b", "/healthz", "/"];
+    // `/` and the page's files are served, but are not JSON: the document leaves them out.
+    let not_served = ["/docs", "/docs/a/b", "/healthz", "/page", "/page/runs/1"];
     assert_serves_exactly(
         &store.address,
         &document,

@@ -6,6 +6,7 @@ use fencelock::metrics::Registry;
 use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
 use fencelock_demo::docs::{self, Guarding};
+use fencelock_demo::page::PageOptions;
 
 /// A demo store on `url`, bound to a free local port, with its own metrics registry and a
 /// guard holding `keys` (none: bare fences are accepted).
@@ -26,6 +27,10 @@ pub async fn demo_server(
         guard,
         settings.timeout,
         registry,
+        PageOptions {
+            guarding,
+            ..PageOptions::default()
+        },
     )
     .unwrap()
 }
