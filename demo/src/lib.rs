@@ -7,8 +7,10 @@
 //! - [`app`]: the demo store's HTTP API.
 //! - [`openapi`]: its OpenAPI document, served at `/openapi.json`.
 //! - [`story`]: the paused-worker scenario, against in-process or running services.
+//! - [`chaos`]: lease servers under faults, workers, and a check of the history they made.
 
 pub mod app;
+pub mod chaos;
 pub mod docs;
 pub mod openapi;
 pub mod story;
