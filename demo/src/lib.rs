@@ -8,8 +8,10 @@
 //! - [`openapi`]: its OpenAPI document, served at `/openapi.json`.
 //! - [`story`]: the paused-worker scenario, against in-process or running services.
 //! - [`page`]: the same stories as a page in the browser, served by the demo store at `/`.
+//! - [`chaos`]: lease servers under faults, workers, and a check of the history they made.
 
 pub mod app;
+pub mod chaos;
 pub mod docs;
 pub mod openapi;
 pub mod page;

@@ -10,6 +10,7 @@ use fencelock::guard::{Guard, GuardMetrics};
 use fencelock::metrics::Registry;
 use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
+use fencelock_demo::chaos::{self, ChaosOptions};
 use fencelock_demo::docs::{self, Guarding};
 use fencelock_demo::page::{PageOptions, stage};
 use fencelock_demo::story::{self, StoryOptions, Verdict};
@@ -101,6 +102,40 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         fence_key: Option<PathBuf>,
     },
+    /// Several lease servers on one store, workers that acquire, write with their fence,
+    /// pause past their TTL and release, while instances are killed with SIGKILL and the
+    /// store's connections cut; then a check of the whole history. Exits non-zero on any
+    /// violation.
+    Chaos {
+        /// Lease-server instances (real `fencelock` processes) sharing the store.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=64))]
+        instances: u16,
+        /// Concurrent workers.
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
+        workers: u16,
+        /// Resources the workers contend for.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1024))]
+        resources: u16,
+        /// How long the workers run, in seconds.
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..=86400))]
+        seconds: u64,
+        /// A `postgres://` URL (one host) for the lease servers, which reach it through a
+        /// proxy the run cuts; unset: one SQLite file in a scratch directory.
+        #[arg(long, hide_env_values = true)]
+        database_url: Option<String>,
+        /// Seed for the workers' and the faults' choices (printed when not given).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// The `fencelock` binary; default: the one beside this program.
+        #[arg(long, env = "FENCELOCK_BIN")]
+        fencelock_bin: Option<PathBuf>,
+        /// Write every request and its answer, one JSON object a line, to this file.
+        #[arg(long, value_name = "FILE")]
+        history_out: Option<PathBuf>,
+        /// Run the demo store without its guard (to see the checks catch stale writes).
+        #[arg(long)]
+        no_guard: bool,
+    },
 }
 
 /// How the page at `/` plays its stories.
@@ -159,6 +194,9 @@ fn main() -> ExitCode {
     let default_filter = match cli.command {
         Command::Store { .. } => "info",
         Command::Page { .. } | Command::PausedWorker { .. } => "warn",
+        // The report is the output; the in-process demo store's warnings about the run's own
+        // cut connections are expected.
+        Command::Chaos { .. } => "error",
     };
     let _logs = match fencelock::telemetry::init_with_default(
         fencelock::config::LogFormat::Text,
@@ -223,6 +261,37 @@ fn main() -> ExitCode {
                     Err(e) => {
                         eprintln!("fencelock-demo: {e:#}");
                         ExitCode::FAILURE
+                    }
+                }
+            }
+            Command::Chaos {
+                instances,
+                workers,
+                resources,
+                seconds,
+                database_url,
+                seed,
+                fencelock_bin,
+                history_out,
+                no_guard,
+            } => {
+                let options = ChaosOptions {
+                    instances: usize::from(instances),
+                    workers: usize::from(workers),
+                    resources: usize::from(resources),
+                    seconds,
+                    database_url,
+                    seed,
+                    fencelock_bin,
+                    guarding: guarding(no_guard),
+                    history_out,
+                };
+                match chaos::run(options).await {
+                    Ok(summary) if summary.violations.is_empty() => ExitCode::SUCCESS,
+                    Ok(_) => ExitCode::FAILURE,
+                    Err(e) => {
+                        eprintln!("fencelock-demo: chaos: {e:#}");
+                        ExitCode::from(2)
                     }
                 }
             }

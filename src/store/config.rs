@@ -31,7 +31,9 @@ impl StoreConfig {
         }
     }
 
-    /// `sqlite://PATH`, or `postgres://` / `postgresql://`; anything else is refused.
+    /// `sqlite://PATH`, `postgres://` / `postgresql://`, or a PostgreSQL key-value connection
+    /// string (`host=a,b port=5432,5433 dbname=x target_session_attrs=read-write`);
+    /// anything else is refused.
     pub fn parse(url: &str) -> anyhow::Result<Self> {
         let url = url.trim();
         if let Some(path) = url.strip_prefix("sqlite://") {
@@ -42,7 +44,10 @@ impl StoreConfig {
             }
             return Ok(Self::Sqlite(PathBuf::from(path)));
         }
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        if url.starts_with("postgres://")
+            || url.starts_with("postgresql://")
+            || super::postgres::conninfo::is_key_value(url)
+        {
             return Ok(Self::Postgres(Box::new(PgConfig::parse(url)?)));
         }
         let scheme = url.split_once(':').map_or(url, |(s, _)| s);
@@ -94,6 +99,13 @@ mod tests {
         ));
         assert!(matches!(
             StoreConfig::from_url(Some("postgres://u@localhost/db")).unwrap(),
+            StoreConfig::Postgres(_)
+        ));
+        assert!(matches!(
+            StoreConfig::from_url(Some(
+                "host=a,b port=5432,5433 dbname=x target_session_attrs=read-write"
+            ))
+            .unwrap(),
             StoreConfig::Postgres(_)
         ));
         assert!(StoreConfig::from_url(Some("mysql://x")).is_err());

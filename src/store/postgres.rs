@@ -31,6 +31,7 @@ use crate::metrics::Registry;
 
 mod batch;
 mod clock;
+pub mod conninfo;
 mod listen;
 pub mod tls;
 
@@ -198,18 +199,41 @@ pub(crate) fn schema_version<V: Ord + Copy + Default + std::fmt::Display>(
     }
 }
 
+/// `url` for logs: the password masked, in the URL's user info, in a `password` query
+/// parameter, or in a key-value connection string.
 fn redact_password(url: &str) -> String {
+    if conninfo::is_key_value(url) {
+        return conninfo::parse(url).map_or_else(
+            |_| "(a key-value connection string that does not parse)".to_owned(),
+            |pairs| conninfo::redacted(&pairs),
+        );
+    }
     // postgres://user:password@host/db → postgres://user:***@host/db
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    match rest.split_once('@') {
+    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let authority = match authority.rsplit_once('@') {
         Some((userinfo, host)) if userinfo.contains(':') => {
             let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{host}")
+            format!("{user}:***@{host}")
         }
-        _ => url.to_owned(),
-    }
+        _ => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some(("password", _)) => "password=***".to_owned(),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{authority}{tail}")
 }
 
 pub struct PgStore {
@@ -1005,6 +1029,47 @@ mod tests {
             redact_password("postgres://app@db/locks"),
             "postgres://app@db/locks"
         );
+        assert_eq!(
+            redact_password(
+                "postgres://app:s3cret@a:5432,b:5433/locks?target_session_attrs=read-write"
+            ),
+            "postgres://app:***@a:5432,b:5433/locks?target_session_attrs=read-write"
+        );
+        assert_eq!(
+            redact_password("postgres://db/locks?user=app&password=s3cret&sslmode=disable"),
+            "postgres://db/locks?user=app&password=***&sslmode=disable"
+        );
+        assert_eq!(
+            redact_password("host=a,b port=5432,5433 user=app password='s3 cret' dbname=locks"),
+            "host=a,b port=5432,5433 user=app password=*** dbname=locks"
+        );
+    }
+
+    #[test]
+    fn the_key_value_form_is_accepted_with_several_hosts() {
+        let pg = PgConfig::parse(
+            "host=a,b port=5432,5433 user=postgres password=s3cret dbname=x \
+             target_session_attrs=read-write sslmode=disable",
+        )
+        .unwrap();
+        assert_eq!(pg.config.get_hosts().len(), 2);
+        assert_eq!(pg.config.get_ports(), [5432, 5433]);
+        assert_eq!(pg.config.get_dbname(), Some("x"));
+        assert_eq!(
+            pg.config.get_target_session_attrs(),
+            tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        );
+        assert!(
+            pg.config
+                .get_options()
+                .unwrap()
+                .contains("synchronous_commit=on")
+        );
+        assert!(!pg.redacted_url.contains("s3cret"), "{}", pg.redacted_url);
+        // The server's own TLS parameters are taken out before the driver reads the rest.
+        assert!(PgConfig::parse("host=a sslmode=verify-full sslrootcert=/nonexistent").is_err());
+        assert!(PgConfig::parse("host=a sslmode=bogus").is_err());
+        assert!(PgConfig::parse("host=a bogus_key=1").is_err());
     }
 
     #[test]

@@ -311,6 +311,57 @@ async fn database_password_is_never_logged() {
     assert!(!log.contains("hunter2"), "password in the log: {log}");
 }
 
+/// The key-value form of the password, too, stays out of the log.
+#[tokio::test]
+async fn database_password_in_key_value_form_is_never_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = fencelock_testkit::closed_port();
+    let url =
+        format!("host=127.0.0.1 port={port} user=fencelock password='hunter2 secret' dbname=locks");
+    let server = ServerProcess::start(Some(&url), dir.path());
+    let ready = client().get(server.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    server
+        .assert_logged("user=fencelock password=*** dbname=locks")
+        .await;
+    let log = server.settled_log().await;
+    assert!(!log.contains("hunter2"), "password in the log: {log}");
+}
+
+/// The key-value form of `DATABASE_URL`, with two hosts of which the first is down: the
+/// server finds the one that accepts writes and serves.
+#[tokio::test]
+async fn a_key_value_database_url_with_several_hosts_is_served() {
+    let db = TestDb::new(StoreKind::Postgres).await;
+    let TestDb::Postgres { name } = &*db else {
+        unreachable!("a PostgreSQL database")
+    };
+    let admin: tokio_postgres::Config = crate::helpers::admin_url().parse().unwrap();
+    let tokio_postgres::config::Host::Tcp(host) = &admin.get_hosts()[0] else {
+        panic!("the tests reach PostgreSQL over TCP")
+    };
+    let password = admin
+        .get_password()
+        .map(|p| format!(" password='{}'", String::from_utf8_lossy(p)))
+        .unwrap_or_default();
+    let url = format!(
+        "host=127.0.0.1,{host} port={},{} user={}{password} dbname={name} \
+         target_session_attrs=read-write connect_timeout=5",
+        fencelock_testkit::closed_port(),
+        admin.get_ports()[0],
+        admin.get_user().unwrap(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(Some(&url), dir.path());
+    let response = acquire(&server, "job:1", "a").await;
+    assert_eq!(response.status(), 200);
+    let ready = client().get(server.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    server
+        .assert_logged("target_session_attrs=read-write")
+        .await;
+}
+
 /// A variable and its value.
 type EnvVar<'a> = (&'a str, &'a str);
 

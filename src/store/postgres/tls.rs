@@ -123,9 +123,23 @@ impl PgTls {
     }
 }
 
-/// `url` without its `sslmode` and `sslrootcert` query parameters, and what they said. The
-/// other parameters stay, in order, for tokio-postgres.
+/// `url` without its `sslmode` and `sslrootcert` parameters (query parameters of a URL, or
+/// pairs of a key-value connection string), and what they said. The other parameters stay,
+/// in order, for tokio-postgres.
 pub fn take_tls_parameters(url: &str) -> anyhow::Result<(String, PgTls)> {
+    if super::conninfo::is_key_value(url) {
+        let mut kept = Vec::new();
+        let mut mode = SslMode::Prefer;
+        let mut root_cert = None;
+        for pair in super::conninfo::parse(url)? {
+            match pair.key.as_str() {
+                "sslmode" => mode = SslMode::parse(&pair.value)?,
+                "sslrootcert" => root_cert = Some(PathBuf::from(&pair.value)),
+                _ => kept.push(pair.written()),
+            }
+        }
+        return Ok((kept.join(" "), PgTls::new(mode, root_cert.as_deref())?));
+    }
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut kept = Vec::new();
     let mut mode = SslMode::Prefer;

@@ -1,0 +1,731 @@
+//! What a chaos run saw, and the checks over it.
+//!
+//! Every request is recorded with the local monotonic times it was sent and its answer
+//! received. The checks only draw conclusions that hold whatever happened in between:
+//!
+//! - **Stale writes**: in the demo store's write log of a key (its apply order), no applied
+//!   write carries a fence below an earlier applied one; the log agrees with the answers;
+//!   and no write answered `200` carries a fence below one already answered `200` on that key
+//!   before it was sent.
+//! - **Fences**: no fence was acknowledged twice; and an acquisition sent after another was
+//!   answered got the greater fence (fences increase in real time, across restarts).
+//! - **No overlap** in the store's time, on one resource, taken in fence order: every lease
+//!   starts no earlier than any lease with a smaller fence, and no earlier than the
+//!   `expires_at` of any such lease whose owner had not yet sent a release (or sent one
+//!   that was refused) when the later lease was acknowledged. A lease released before that
+//!   ended somewhere between its `acquired_at` and `expires_at`, a store time the answers do
+//!   not give, so only its start is compared. In real time: a release answered `204` (which
+//!   proves its lease was live when the store decided it) must not have been sent after a
+//!   greater fence on the same resource was acknowledged.
+//! - **Acknowledged leases survive**: an inspection sent after an acquisition was
+//!   acknowledged never shows an older fence on that resource, and never shows none while
+//!   the lease's TTL cannot have run out and its owner has sent no release.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// Local monotonic time since the run began, in microseconds.
+pub type Micros = u64;
+
+/// One request and its answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    /// Who sent it: a worker's number, or `None` for the run's own checks.
+    pub worker: Option<usize>,
+    pub resource: String,
+    pub sent_us: Micros,
+    pub received_us: Micros,
+    #[serde(flatten)]
+    pub op: Op,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    Acquire {
+        owner: String,
+        ttl_seconds: u32,
+        answer: AcquireAnswer,
+    },
+    Write {
+        owner: String,
+        fence: i64,
+        answer: WriteAnswer,
+    },
+    Release {
+        owner: String,
+        fence: i64,
+        answer: ReleaseAnswer,
+    },
+    Inspect {
+        answer: InspectAnswer,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum AcquireAnswer {
+    Acquired(Lease),
+    Held,
+    /// No answer, or one that does not settle it (`503`, a cut connection): it may or may
+    /// not have taken effect.
+    Unknown {
+        why: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Lease {
+    pub fence: i64,
+    pub acquired_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum WriteAnswer {
+    Applied,
+    Stale { current: i64 },
+    Unknown { why: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum ReleaseAnswer {
+    Released,
+    /// `404`, `403` or `409`: the lease was not live, or not this owner's, and stays as it was.
+    Refused {
+        status: u16,
+    },
+    Unknown {
+        why: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum InspectAnswer {
+    Live(Lease),
+    None,
+    Unknown { why: String },
+}
+
+/// One entry of the demo store's write log of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoggedWrite {
+    pub fence: i64,
+    pub applied: bool,
+}
+
+/// What a run observed: its records, and the write log of every key at the end.
+#[derive(Debug, Default)]
+pub struct History {
+    pub records: Vec<Record>,
+    pub write_logs: BTreeMap<String, Vec<LoggedWrite>>,
+}
+
+/// A broken promise, in words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation(pub String);
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How much faster the store's clock may run than this process's over one TTL before the
+/// "lease vanished" check could misjudge; clocks on one machine differ by far less.
+const CLOCK_RATE_MARGIN: Duration = Duration::from_millis(50);
+
+/// An acknowledged acquisition, with what its owner did about releasing it.
+struct Acknowledged<'a> {
+    resource: &'a str,
+    lease: Lease,
+    sent_us: Micros,
+    received_us: Micros,
+    ttl_seconds: u32,
+    /// When the owner first sent a release of it that was not refused.
+    release_sent_us: Option<Micros>,
+}
+
+impl History {
+    /// Every violation the history shows, in check order.
+    pub fn check(&self) -> Vec<Violation> {
+        let acks = self.acknowledged();
+        let mut found = Vec::new();
+        self.check_write_logs(&mut found);
+        self.check_write_answers(&mut found);
+        check_unique_fences(&acks, &mut found);
+        check_fences_increase(&acks, &mut found);
+        check_no_overlap(&acks, &mut found);
+        self.check_releases_in_real_time(&acks, &mut found);
+        self.check_inspections(&acks, &mut found);
+        found
+    }
+
+    /// Write attempts answered `409 stale-fence`.
+    pub fn stale_writes_rejected(&self) -> usize {
+        self.records
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r.op,
+                    Op::Write {
+                        answer: WriteAnswer::Stale { .. },
+                        ..
+                    }
+                )
+            })
+            .count()
+    }
+
+    fn acknowledged(&self) -> Vec<Acknowledged<'_>> {
+        // Releases that may have ended their lease; a refused one did not.
+        let mut releases: HashMap<(&str, &str, i64), Micros> = HashMap::new();
+        for r in &self.records {
+            if let Op::Release {
+                owner,
+                fence,
+                answer: ReleaseAnswer::Released | ReleaseAnswer::Unknown { .. },
+            } = &r.op
+            {
+                let first = releases
+                    .entry((r.resource.as_str(), owner.as_str(), *fence))
+                    .or_insert(r.sent_us);
+                *first = (*first).min(r.sent_us);
+            }
+        }
+        self.records
+            .iter()
+            .filter_map(|r| match &r.op {
+                Op::Acquire {
+                    owner,
+                    ttl_seconds,
+                    answer: AcquireAnswer::Acquired(lease),
+                } => Some(Acknowledged {
+                    resource: &r.resource,
+                    lease: *lease,
+                    sent_us: r.sent_us,
+                    received_us: r.received_us,
+                    ttl_seconds: *ttl_seconds,
+                    release_sent_us: releases
+                        .get(&(r.resource.as_str(), owner.as_str(), lease.fence))
+                        .copied(),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn check_write_logs(&self, found: &mut Vec<Violation>) {
+        for (key, log) in &self.write_logs {
+            let mut highest: Option<i64> = None;
+            for (i, w) in log.iter().enumerate().filter(|(_, w)| w.applied) {
+                if let Some(h) = highest
+                    && w.fence < h
+                {
+                    found.push(Violation(format!(
+                        "{key}: write #{} with fence {} was applied after fence {h}",
+                        i + 1,
+                        w.fence
+                    )));
+                }
+                highest = highest.max(Some(w.fence));
+            }
+        }
+    }
+
+    /// The log and the answers tell the same story: per key and fence, as many writes
+    /// applied and rejected in the log as answered so (writes with no answer may be
+    /// either).
+    fn check_write_answers(&self, found: &mut Vec<Violation>) {
+        // (key, fence) -> [applied, rejected, unknown] as answered.
+        let mut answered: BTreeMap<(&str, i64), [usize; 3]> = BTreeMap::new();
+        for r in &self.records {
+            if let Op::Write { fence, answer, .. } = &r.op {
+                let slot = match answer {
+                    WriteAnswer::Applied => 0,
+                    WriteAnswer::Stale { .. } => 1,
+                    WriteAnswer::Unknown { .. } => 2,
+                };
+                answered.entry((r.resource.as_str(), *fence)).or_default()[slot] += 1;
+            }
+        }
+        let mut logged: BTreeMap<(&str, i64), [usize; 2]> = BTreeMap::new();
+        for (key, log) in &self.write_logs {
+            for w in log {
+                logged.entry((key.as_str(), w.fence)).or_default()[usize::from(!w.applied)] += 1;
+            }
+        }
+        for (&(key, fence), &[applied, rejected, unknown]) in &answered {
+            let [log_applied, log_rejected] = logged.remove(&(key, fence)).unwrap_or_default();
+            let fits = log_applied >= applied
+                && log_rejected >= rejected
+                && log_applied + log_rejected <= applied + rejected + unknown;
+            if !fits {
+                found.push(Violation(format!(
+                    "{key}: writes with fence {fence} answered {applied} applied, {rejected} rejected \
+                     ({unknown} unanswered), but the log holds {log_applied} applied, {log_rejected} rejected"
+                )));
+            }
+        }
+        for ((key, fence), [a, r]) in logged {
+            found.push(Violation(format!(
+                "{key}: the log holds {a} applied and {r} rejected writes with fence {fence} nobody sent"
+            )));
+        }
+        // In real time: an applied write must not carry a fence below one already answered
+        // applied on the same key before it was sent.
+        let mut applied: BTreeMap<&str, Vec<(Micros, Micros, i64)>> = BTreeMap::new();
+        for r in &self.records {
+            if let Op::Write {
+                fence,
+                answer: WriteAnswer::Applied,
+                ..
+            } = &r.op
+            {
+                applied
+                    .entry(&r.resource)
+                    .or_default()
+                    .push((r.sent_us, r.received_us, *fence));
+            }
+        }
+        for (key, writes) in applied {
+            for (sent, (earlier, fence)) in before_each(&writes, |w| w.0, |w| w.1, |w| w.2, |w| w.2)
+            {
+                if let Some(earlier) = earlier
+                    && fence < earlier
+                {
+                    found.push(Violation(format!(
+                        "{key}: a write with fence {fence}, sent at {}, was applied after fence {earlier} had been applied",
+                        ms(sent)
+                    )));
+                }
+            }
+        }
+    }
+
+    fn check_releases_in_real_time(&self, acks: &[Acknowledged<'_>], found: &mut Vec<Violation>) {
+        let mut by_resource: HashMap<&str, Vec<&Acknowledged<'_>>> = HashMap::new();
+        for a in acks {
+            by_resource.entry(a.resource).or_default().push(a);
+        }
+        for r in &self.records {
+            let Op::Release {
+                fence,
+                answer: ReleaseAnswer::Released,
+                ..
+            } = &r.op
+            else {
+                continue;
+            };
+            let later = by_resource.get(r.resource.as_str()).and_then(|acks| {
+                acks.iter()
+                    .filter(|a| a.lease.fence > *fence && a.received_us < r.sent_us)
+                    .min_by_key(|a| a.lease.fence)
+            });
+            if let Some(later) = later {
+                found.push(Violation(format!(
+                    "{}: the lease with fence {fence} was released (204) by a request sent at {}, after fence {} had been acquired at {}: two live leases",
+                    r.resource,
+                    ms(r.sent_us),
+                    later.lease.fence,
+                    ms(later.received_us)
+                )));
+            }
+        }
+    }
+
+    fn check_inspections(&self, acks: &[Acknowledged<'_>], found: &mut Vec<Violation>) {
+        let mut by_resource: HashMap<&str, Vec<&Acknowledged<'_>>> = HashMap::new();
+        for a in acks {
+            by_resource.entry(a.resource).or_default().push(a);
+        }
+        for r in &self.records {
+            let Op::Inspect { answer } = &r.op else {
+                continue;
+            };
+            let known = by_resource
+                .get(r.resource.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let before = known.iter().filter(|a| a.received_us < r.sent_us);
+            match answer {
+                InspectAnswer::Live(shown) => {
+                    if let Some(newer) = before
+                        .filter(|a| a.lease.fence > shown.fence)
+                        .max_by_key(|a| a.lease.fence)
+                    {
+                        found.push(Violation(format!(
+                            "{}: inspected at {} it showed fence {}, but fence {} had been acquired at {}: an acknowledged lease is gone",
+                            r.resource,
+                            ms(r.sent_us),
+                            shown.fence,
+                            newer.lease.fence,
+                            ms(newer.received_us)
+                        )));
+                    }
+                    if let Some(same) = known.iter().find(|a| a.lease.fence == shown.fence)
+                        && same.lease != *shown
+                    {
+                        found.push(Violation(format!(
+                            "{}: fence {} was acknowledged as {:?} but inspected as {:?}",
+                            r.resource, shown.fence, same.lease, shown
+                        )));
+                    }
+                }
+                InspectAnswer::None => {
+                    // The lease ends no sooner than its TTL after its request was sent.
+                    let vanished = before.filter(|a| {
+                        let ttl = Duration::from_secs(u64::from(a.ttl_seconds))
+                            .saturating_sub(CLOCK_RATE_MARGIN);
+                        let lives_until = a.sent_us + micros(ttl);
+                        r.received_us < lives_until
+                            && a.release_sent_us.is_none_or(|s| s > r.received_us)
+                    });
+                    if let Some(lost) = vanished.max_by_key(|a| a.lease.fence) {
+                        found.push(Violation(format!(
+                            "{}: inspected at {} it had no live lease, but fence {} (acquired at {}, {} s TTL, never released) cannot have expired yet",
+                            r.resource,
+                            ms(r.sent_us),
+                            lost.lease.fence,
+                            ms(lost.received_us),
+                            lost.ttl_seconds
+                        )));
+                    }
+                }
+                InspectAnswer::Unknown { .. } => {}
+            }
+        }
+    }
+}
+
+fn check_unique_fences(acks: &[Acknowledged<'_>], found: &mut Vec<Violation>) {
+    let mut seen: HashMap<i64, &Acknowledged<'_>> = HashMap::new();
+    for a in acks {
+        if let Some(first) = seen.insert(a.lease.fence, a) {
+            found.push(Violation(format!(
+                "fence {} was issued twice: for {} at {} and for {} at {}",
+                a.lease.fence,
+                first.resource,
+                ms(first.received_us),
+                a.resource,
+                ms(a.received_us)
+            )));
+        }
+    }
+}
+
+/// An acquisition sent after another was answered must get the greater fence.
+fn check_fences_increase(acks: &[Acknowledged<'_>], found: &mut Vec<Violation>) {
+    for (sent, (earlier, fence)) in before_each(
+        acks,
+        |a| a.sent_us,
+        |a| a.received_us,
+        |a| a.lease.fence,
+        |a| a.lease.fence,
+    ) {
+        if let Some(earlier) = earlier
+            && fence <= earlier
+        {
+            found.push(Violation(format!(
+                "an acquisition sent at {} got fence {fence}, not above fence {earlier} acknowledged before it was sent",
+                ms(sent)
+            )));
+        }
+    }
+}
+
+fn check_no_overlap(acks: &[Acknowledged<'_>], found: &mut Vec<Violation>) {
+    let mut by_resource: BTreeMap<&str, Vec<&Acknowledged<'_>>> = BTreeMap::new();
+    for a in acks {
+        by_resource.entry(a.resource).or_default().push(a);
+    }
+    for (resource, mut leases) in by_resource {
+        leases.sort_by_key(|a| a.lease.fence);
+        for (i, a) in leases.iter().enumerate() {
+            let earlier = &leases[..i];
+            if let Some(p) = earlier
+                .iter()
+                .filter(|p| a.lease.acquired_at < p.lease.acquired_at)
+                .max_by_key(|p| p.lease.acquired_at)
+            {
+                found.push(Violation(format!(
+                    "{resource}: fence {} starts at {}, before fence {} started at {}",
+                    a.lease.fence, a.lease.acquired_at, p.lease.fence, p.lease.acquired_at
+                )));
+            }
+            // An earlier lease lasts until its expiry if its owner had not sent a release
+            // by the time this one was acknowledged.
+            let lasting = earlier.iter().filter(|p| {
+                a.lease.acquired_at < p.lease.expires_at
+                    && p.release_sent_us.is_none_or(|s| s > a.received_us)
+            });
+            if let Some(p) = lasting.max_by_key(|p| p.lease.expires_at) {
+                found.push(Violation(format!(
+                    "{resource}: fence {} starts at {}, while fence {} (not released by then) lasts until {}",
+                    a.lease.fence, a.lease.acquired_at, p.lease.fence, p.lease.expires_at
+                )));
+            }
+        }
+    }
+}
+
+/// For each item in order of sending: its send time, the greatest `key` among the items
+/// answered before it was sent (`None` if none was), and its own `value`.
+fn before_each<T>(
+    items: &[T],
+    sent: impl Fn(&T) -> Micros,
+    received: impl Fn(&T) -> Micros,
+    key: impl Fn(&T) -> i64,
+    value: impl Fn(&T) -> i64,
+) -> Vec<(Micros, (Option<i64>, i64))> {
+    let mut by_sent: Vec<&T> = items.iter().collect();
+    by_sent.sort_by_key(|t| sent(t));
+    let mut by_received: Vec<&T> = items.iter().collect();
+    by_received.sort_by_key(|t| received(t));
+    let mut answered = by_received.into_iter().peekable();
+    let mut greatest = None;
+    by_sent
+        .into_iter()
+        .map(|t| {
+            while let Some(done) = answered.next_if(|d| received(d) < sent(t)) {
+                greatest = greatest.max(Some(key(done)));
+            }
+            (sent(t), (greatest, value(t)))
+        })
+        .collect()
+}
+
+fn micros(d: Duration) -> Micros {
+    Micros::try_from(d.as_micros()).unwrap_or(Micros::MAX)
+}
+
+/// A local time as the report shows it: milliseconds into the run.
+fn ms(us: Micros) -> String {
+    format!("{:.1} ms", us as f64 / 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp_millis(1_800_000_000_000 + ms).unwrap()
+    }
+
+    fn lease(fence: i64, from_ms: i64, ttl_ms: i64) -> Lease {
+        Lease {
+            fence,
+            acquired_at: at(from_ms),
+            expires_at: at(from_ms + ttl_ms),
+        }
+    }
+
+    fn record(resource: &str, sent_ms: u64, received_ms: u64, op: Op) -> Record {
+        Record {
+            worker: Some(0),
+            resource: resource.to_owned(),
+            sent_us: sent_ms * 1000,
+            received_us: received_ms * 1000,
+            op,
+        }
+    }
+
+    fn acquired(owner: &str, lease: Lease) -> Op {
+        Op::Acquire {
+            owner: owner.to_owned(),
+            ttl_seconds: 1,
+            answer: AcquireAnswer::Acquired(lease),
+        }
+    }
+
+    fn release(owner: &str, fence: i64, answer: ReleaseAnswer) -> Op {
+        Op::Release {
+            owner: owner.to_owned(),
+            fence,
+            answer,
+        }
+    }
+
+    fn write(fence: i64, answer: WriteAnswer) -> Op {
+        Op::Write {
+            owner: String::new(),
+            fence,
+            answer,
+        }
+    }
+
+    fn violations(history: &History) -> Vec<String> {
+        history.check().into_iter().map(|v| v.0).collect()
+    }
+
+    /// A fair history: A acquires, writes, releases; B takes over; A's late write is
+    /// rejected; an inspection shows B.
+    fn fair() -> History {
+        History {
+            records: vec![
+                record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                record("k", 10, 20, write(1, WriteAnswer::Applied)),
+                record("k", 1100, 1110, acquired("b", lease(2, 1100, 1000))),
+                record("k", 1110, 1120, write(2, WriteAnswer::Applied)),
+                record("k", 1120, 1130, write(1, WriteAnswer::Stale { current: 2 })),
+                record(
+                    "k",
+                    1130,
+                    1140,
+                    Op::Inspect {
+                        answer: InspectAnswer::Live(lease(2, 1100, 1000)),
+                    },
+                ),
+                record("k", 1140, 1150, release("b", 2, ReleaseAnswer::Released)),
+                record(
+                    "k",
+                    1150,
+                    1160,
+                    release("a", 1, ReleaseAnswer::Refused { status: 404 }),
+                ),
+                record("k", 1160, 1170, acquired("c", lease(3, 1160, 1000))),
+            ],
+            write_logs: BTreeMap::from([(
+                "k".to_owned(),
+                vec![
+                    LoggedWrite {
+                        fence: 1,
+                        applied: true,
+                    },
+                    LoggedWrite {
+                        fence: 2,
+                        applied: true,
+                    },
+                    LoggedWrite {
+                        fence: 1,
+                        applied: false,
+                    },
+                ],
+            )]),
+        }
+    }
+
+    #[test]
+    fn a_fair_history_passes() {
+        let history = fair();
+        assert_eq!(violations(&history), Vec::<String>::new());
+        assert_eq!(history.stale_writes_rejected(), 1);
+    }
+
+    #[test]
+    fn a_late_write_applied_is_caught_in_the_log_and_in_real_time() {
+        let mut history = fair();
+        history.records[4] = record("k", 1125, 1130, write(1, WriteAnswer::Applied));
+        history.write_logs.get_mut("k").unwrap()[2].applied = true;
+        let found = violations(&history);
+        assert_eq!(found.len(), 2, "{found:#?}");
+        assert!(found[0].contains("fence 1 was applied after fence 2"));
+        assert!(found[1].contains("applied after fence 2 had been applied"));
+    }
+
+    #[test]
+    fn a_log_that_disagrees_with_the_answers_is_caught() {
+        let mut history = fair();
+        history.write_logs.get_mut("k").unwrap().pop();
+        assert!(violations(&history)[0].contains("but the log holds 1 applied, 0 rejected"));
+    }
+
+    #[test]
+    fn a_fence_issued_twice_or_lower_after_a_restart_is_caught() {
+        let mut history = fair();
+        history
+            .records
+            .push(record("j", 2000, 2010, acquired("d", lease(3, 2000, 1000))));
+        let found = violations(&history);
+        assert!(found.iter().any(|v| v.contains("fence 3 was issued twice")));
+        assert!(found.iter().any(|v| v.contains("not above fence 3")));
+    }
+
+    #[test]
+    fn overlapping_leases_are_caught_only_where_the_answers_prove_it() {
+        // B starts while A, never released, still lasts.
+        let mut history = fair();
+        history.records[2] = record("k", 900, 910, acquired("b", lease(2, 900, 1000)));
+        history.records.remove(5); // the inspection of B as it was
+        let found = violations(&history);
+        assert!(
+            found
+                .iter()
+                .any(|v| v.contains("while fence 1 (not released by then)")),
+            "{found:#?}"
+        );
+
+        // Had A sent a release, its end is unknown: B may start before A's expiry.
+        let mut history = fair();
+        history.records[2] = record("k", 900, 910, acquired("b", lease(2, 900, 1000)));
+        history.records.remove(5); // the inspection of B as it was
+        history.records.insert(
+            2,
+            record("k", 850, 860, release("a", 1, ReleaseAnswer::Released)),
+        );
+        history.records.remove(7); // A's late release
+        assert_eq!(violations(&history), Vec::<String>::new());
+
+        // But never before A started.
+        history.records[3] = record("k", 900, 910, acquired("b", lease(2, -5, 1000)));
+        let found = violations(&history);
+        assert!(
+            found.iter().any(|v| v.contains("before fence 1 started")),
+            "{found:#?}"
+        );
+    }
+
+    #[test]
+    fn a_release_of_an_older_lease_after_a_newer_was_acknowledged_is_caught() {
+        let mut history = fair();
+        history.records[7] = record("k", 1150, 1160, release("a", 1, ReleaseAnswer::Released));
+        assert!(violations(&history)[0].contains("two live leases"));
+    }
+
+    #[test]
+    fn an_acknowledged_lease_that_vanishes_is_caught() {
+        let mut history = fair();
+        history.records[5] = record(
+            "k",
+            1130,
+            1140,
+            Op::Inspect {
+                answer: InspectAnswer::Live(lease(1, 0, 1000)),
+            },
+        );
+        assert!(violations(&history)[0].contains("an acknowledged lease is gone"));
+
+        history.records[5] = record(
+            "k",
+            1130,
+            1135,
+            Op::Inspect {
+                answer: InspectAnswer::None,
+            },
+        );
+        assert!(violations(&history)[0].contains("cannot have expired yet"));
+
+        // Once its TTL may have run out, no lease is a fair answer.
+        history.records[5] = record(
+            "k",
+            2200,
+            2210,
+            Op::Inspect {
+                answer: InspectAnswer::None,
+            },
+        );
+        history.records.truncate(6);
+        history.write_logs.clear();
+        history
+            .records
+            .retain(|r| !matches!(r.op, Op::Write { .. }));
+        assert_eq!(violations(&history), Vec::<String>::new());
+    }
+}

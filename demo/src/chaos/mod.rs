@@ -1,0 +1,741 @@
+//! `fencelock-demo chaos`: several lease-server processes on one store, the demo store
+//! behind them, workers that acquire, write with their fence, pause past their TTL and
+//! release, and faults injected all along; then a check of everything that was seen.
+//!
+//! Faults, in turn: `kill -9` of an instance (started again on its port once gone), the
+//! connections to PostgreSQL cut and restored (through [`proxy::CutProxy`]; there is no such
+//! connection with SQLite), and workers that pause past their TTL at random. The checks are
+//! in [`history`].
+
+pub mod history;
+mod instances;
+mod proxy;
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::net::{SocketAddr, ToSocketAddrs as _};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use chrono::{DateTime, Utc};
+use fencelock::domain::FenceKeys;
+use fencelock::guard::{FENCING_TOKEN, Guard, GuardMetrics};
+use fencelock::metrics::Registry;
+use fencelock::store::StoreOptions;
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use self::history::{
+    AcquireAnswer, History, InspectAnswer, Lease, LoggedWrite, Op, Record, ReleaseAnswer,
+    Violation, WriteAnswer,
+};
+use self::instances::Instance;
+use self::proxy::CutProxy;
+use crate::app::DemoServer;
+use crate::docs::{self, Guarding};
+
+pub struct ChaosOptions {
+    pub instances: usize,
+    pub workers: usize,
+    pub seconds: u64,
+    /// `postgres://...` (one host); `None`: a SQLite file in a scratch directory.
+    pub database_url: Option<String>,
+    pub seed: Option<u64>,
+    pub fencelock_bin: Option<PathBuf>,
+    /// Resources the workers contend for; few, so that leases are taken over often.
+    pub resources: usize,
+    /// `Off` runs the demo store without its guard: the checks must then find stale writes.
+    pub guarding: Guarding,
+    /// Where to write every record, one JSON object a line.
+    pub history_out: Option<PathBuf>,
+}
+
+/// The workers' lease TTL. Short, so that a pause past it is short too.
+const TTL_SECONDS: u32 = 1;
+/// Chance that a worker pauses past its TTL after acquiring, before it writes.
+const PAUSE_CHANCE: f64 = 0.08;
+/// Chance that a worker's turn is an inspection instead of an acquisition.
+const INSPECT_CHANCE: f64 = 0.1;
+/// Longest a request may take; past it, its answer is unknown.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// Violations printed one by one; the rest are counted.
+const SHOWN_VIOLATIONS: usize = 20;
+
+/// What a run came to.
+pub struct Summary {
+    pub operations: usize,
+    pub kills: u64,
+    pub cuts: u64,
+    pub pauses: u64,
+    pub stale_writes_rejected: usize,
+    pub violations: Vec<Violation>,
+}
+
+impl Summary {
+    pub fn faults(&self) -> u64 {
+        self.kills + self.cuts + self.pauses
+    }
+
+    /// The report's last line.
+    pub fn last_line(&self) -> String {
+        format!(
+            "chaos: {} operations, {} faults, {} stale writes rejected, {} violations",
+            self.operations,
+            self.faults(),
+            self.stale_writes_rejected,
+            self.violations.len()
+        )
+    }
+}
+
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// Runs the whole thing, printing as it goes, the last line included.
+pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
+    if options.instances == 0 || options.workers == 0 || options.resources == 0 {
+        bail!("--instances, --workers and --resources must be at least 1");
+    }
+    let binary = instances::find_binary(options.fencelock_bin.as_deref())?;
+    let scratch = tempfile::tempdir().context("creating a scratch directory")?;
+    let seed = options.seed.unwrap_or_else(rand::random);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let run_id: u32 = rng.random();
+    let http = reqwest::Client::builder()
+        .timeout(REQUEST_TIMEOUT)
+        .build()
+        .context("building the HTTP client")?;
+
+    // The store, and the network to it when there is one.
+    let (store_url, proxy) = match &options.database_url {
+        Some(url) => {
+            let (upstream, via) = through_proxy(url)?;
+            let proxy = CutProxy::start(upstream)?;
+            (via(proxy.addr()), Some(proxy))
+        }
+        None => (
+            format!("sqlite://{}", scratch.path().join("leases.db").display()),
+            None,
+        ),
+    };
+    let mut servers = Vec::with_capacity(options.instances);
+    for i in 0..options.instances {
+        let log = scratch.path().join(format!("fencelock-{i}.log"));
+        servers.push(Instance::new(&binary, &store_url, log)?);
+    }
+    // One after the other, so that the first applies the migrations alone.
+    for server in &mut servers {
+        server.start()?;
+        server.wait_ready(&http).await?;
+    }
+    let lease_urls: Rc<Vec<String>> = Rc::new(servers.iter().map(Instance::url).collect());
+
+    let demo = demo_store(&scratch.path().join("docs.db"), options.guarding).await?;
+    let demo_url = format!("http://127.0.0.1:{}", demo.port());
+    let demo_handle = demo.handle();
+    actix_web::rt::spawn(demo.run_until_stopped());
+
+    let resources: Rc<Vec<String>> = Rc::new(
+        (0..options.resources)
+            .map(|i| format!("chaos.{run_id:08x}:r{i}"))
+            .collect(),
+    );
+    say!(
+        "chaos: {} lease servers ({}) on {}, the demo store (guard {}), {} workers on {} resources, {} s, seed {seed}",
+        options.instances,
+        binary.display(),
+        if proxy.is_some() {
+            "PostgreSQL through a proxy the run cuts"
+        } else {
+            "one SQLite file"
+        },
+        match options.guarding {
+            Guarding::On => "on",
+            Guarding::Off => "OFF",
+        },
+        options.workers,
+        options.resources,
+        options.seconds
+    );
+    if proxy.is_none() {
+        say!(
+            "chaos: SQLite: no connection between the servers and their file to cut; that fault is skipped"
+        );
+    }
+
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(options.seconds);
+    let pauses = Rc::new(Cell::new(0_u64));
+    let mut workers = Vec::with_capacity(options.workers);
+    for w in 0..options.workers {
+        let worker = Worker {
+            number: w,
+            rng: StdRng::seed_from_u64(rng.random()),
+            http: http.clone(),
+            lease_urls: lease_urls.clone(),
+            demo_url: demo_url.clone(),
+            resources: resources.clone(),
+            start,
+            pauses: pauses.clone(),
+            records: Vec::new(),
+        };
+        workers.push(actix_web::rt::spawn(worker.run(deadline)));
+    }
+
+    let (kills, cuts) = inject_faults(
+        &mut servers,
+        proxy.as_ref(),
+        &http,
+        StdRng::seed_from_u64(rng.random()),
+        start,
+        deadline,
+    )
+    .await?;
+
+    let mut records = Vec::new();
+    for worker in workers {
+        records.extend(worker.await.context("a worker failed")?);
+    }
+    // After the faults, from every instance: what each resource looks like, and a fresh
+    // acquisition, whose fence must exceed every fence acknowledged before.
+    let checker = Worker {
+        number: usize::MAX,
+        rng: StdRng::seed_from_u64(rng.random()),
+        http: http.clone(),
+        lease_urls: lease_urls.clone(),
+        demo_url: demo_url.clone(),
+        resources: resources.clone(),
+        start,
+        pauses: Rc::new(Cell::new(0)),
+        records: Vec::new(),
+    };
+    let final_records = checker.final_look().await?;
+    records.extend(final_records);
+
+    let mut history = History {
+        records,
+        write_logs: BTreeMap::new(),
+    };
+    for resource in resources.iter() {
+        let log = write_log(&http, &demo_url, resource).await?;
+        history.write_logs.insert(resource.clone(), log);
+    }
+    demo_handle.stop(true).await;
+    for server in &mut servers {
+        server.kill9();
+    }
+    drop(proxy);
+
+    if let Some(path) = &options.history_out {
+        write_history(path, &history.records)?;
+        say!("chaos: history written to {}", path.display());
+    }
+    let summary = Summary {
+        operations: history.records.len(),
+        kills,
+        cuts,
+        pauses: pauses.get(),
+        stale_writes_rejected: history.stale_writes_rejected(),
+        violations: history.check(),
+    };
+    say!("{}", operations_line(&history.records));
+    say!(
+        "chaos: faults: {} kill -9 (each instance restarted), {}, {} pauses past the TTL",
+        summary.kills,
+        if options.database_url.is_some() {
+            format!("{} connection cuts", summary.cuts)
+        } else {
+            "connection cuts skipped (SQLite)".to_owned()
+        },
+        summary.pauses
+    );
+    for v in summary.violations.iter().take(SHOWN_VIOLATIONS) {
+        say!("chaos: VIOLATION: {v}");
+    }
+    if summary.violations.len() > SHOWN_VIOLATIONS {
+        say!(
+            "chaos: ... and {} more violations",
+            summary.violations.len() - SHOWN_VIOLATIONS
+        );
+    }
+    if !summary.violations.is_empty() {
+        // The instances' logs are kept for the post-mortem.
+        let kept = scratch.keep();
+        say!("chaos: lease server logs kept in {}", kept.display());
+    }
+    say!("{}", summary.last_line());
+    Ok(summary)
+}
+
+async fn demo_store(file: &std::path::Path, guarding: Guarding) -> anyhow::Result<DemoServer> {
+    let registry = Registry::new();
+    let guard = Guard::new(
+        FenceKeys::new(Vec::new()),
+        GuardMetrics::register(&registry),
+    );
+    let url = format!("sqlite://{}", file.display());
+    let settings = StoreOptions::default();
+    let docs = docs::open(Some(&url), guarding, settings, &guard).await?;
+    DemoServer::build(
+        "127.0.0.1:0".parse()?,
+        docs,
+        guard,
+        settings.timeout,
+        registry,
+    )
+}
+
+/// The address a single-host `postgres://` URL names, and how to write the URL for
+/// another address in its place.
+fn through_proxy(url: &str) -> anyhow::Result<(SocketAddr, impl Fn(SocketAddr) -> String)> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        bail!("chaos: --database-url must be a postgres:// URL");
+    };
+    if !matches!(scheme, "postgres" | "postgresql") {
+        bail!("chaos: --database-url must be a postgres:// URL, not {scheme}://");
+    }
+    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let (userinfo, host) = match authority.rsplit_once('@') {
+        Some((user, host)) => (format!("{user}@"), host),
+        None => (String::new(), authority),
+    };
+    if host.is_empty() || host.contains(',') {
+        bail!("chaos: --database-url must name one host (and port) over TCP");
+    }
+    let with_port = if host
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        && !host.ends_with(']')
+    {
+        host.to_owned()
+    } else {
+        format!("{host}:5432")
+    };
+    let upstream = with_port
+        .to_socket_addrs()
+        .with_context(|| format!("chaos: resolving {with_port}"))?
+        .next()
+        .with_context(|| format!("chaos: {with_port} has no address"))?;
+    let (scheme, tail) = (scheme.to_owned(), tail.to_owned());
+    Ok((upstream, move |addr: SocketAddr| {
+        format!("{scheme}://{userinfo}{addr}{tail}")
+    }))
+}
+
+/// Kills and restarts instances, and cuts and restores the store's connections, in turn,
+/// until `deadline`; then leaves every instance running and the network whole. Returns how
+/// many kills and cuts there were.
+async fn inject_faults(
+    servers: &mut [Instance],
+    proxy: Option<&CutProxy>,
+    http: &reqwest::Client,
+    mut rng: StdRng,
+    start: Instant,
+    deadline: Instant,
+) -> anyhow::Result<(u64, u64)> {
+    let (mut kills, mut cuts) = (0, 0);
+    let mut turn = 0_u64;
+    // A quiet start, so that the workers are in full swing before the first fault.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    while Instant::now() + Duration::from_millis(1500) < deadline {
+        let cut_turn = proxy.is_some() && turn % 2 == 1;
+        turn += 1;
+        if let (true, Some(proxy)) = (cut_turn, proxy) {
+            let down = Duration::from_millis(rng.random_range(200..1500));
+            proxy.cut();
+            tokio::time::sleep(down).await;
+            proxy.restore();
+            cuts += 1;
+            say!(
+                "chaos: {:>6.2} s: store connections cut for {} ms",
+                secs(start),
+                down.as_millis()
+            );
+        } else {
+            let i = rng.random_range(0..servers.len());
+            let server = &mut servers[i];
+            server.kill9();
+            let down = Duration::from_millis(rng.random_range(100..1000));
+            tokio::time::sleep(down).await;
+            let restarted = Instant::now();
+            server.start()?;
+            server.wait_ready(http).await?;
+            kills += 1;
+            say!(
+                "chaos: {:>6.2} s: instance {i} (port {}) killed with SIGKILL, down {} ms, ready again after {} ms",
+                secs(start),
+                server.port,
+                down.as_millis(),
+                restarted.elapsed().as_millis()
+            );
+        }
+        let rest = Duration::from_millis(rng.random_range(300..1200));
+        tokio::time::sleep(rest.min(deadline.saturating_duration_since(Instant::now()))).await;
+    }
+    for server in servers.iter_mut().filter(|s| !s.is_running()) {
+        server.start()?;
+        server.wait_ready(http).await?;
+    }
+    Ok((kills, cuts))
+}
+
+fn secs(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64()
+}
+
+struct Worker {
+    number: usize,
+    rng: StdRng,
+    http: reqwest::Client,
+    lease_urls: Rc<Vec<String>>,
+    demo_url: String,
+    resources: Rc<Vec<String>>,
+    start: Instant,
+    pauses: Rc<Cell<u64>>,
+    records: Vec<Record>,
+}
+
+impl Worker {
+    async fn run(mut self, deadline: Instant) -> Vec<Record> {
+        let mut attempt = 0_u64;
+        while Instant::now() < deadline {
+            let resource = self.pick(&self.resources.clone());
+            if self.rng.random_bool(INSPECT_CHANCE) {
+                let server = self.pick(&self.lease_urls.clone());
+                self.inspect(&server, &resource).await;
+                continue;
+            }
+            let owner = format!("w{}-{attempt}", self.number);
+            let first = attempt == 0;
+            attempt += 1;
+            let server = self.pick(&self.lease_urls.clone());
+            let lease = match self.acquire(&server, &resource, &owner).await {
+                AcquireAnswer::Acquired(lease) => lease,
+                AcquireAnswer::Held => {
+                    self.nap(5..30).await;
+                    continue;
+                }
+                AcquireAnswer::Unknown { .. } => {
+                    self.nap(20..60).await;
+                    continue;
+                }
+            };
+            // Worker 0 pauses on its first lease, so that every run has a pause.
+            if (first && self.number == 0) || self.rng.random_bool(PAUSE_CHANCE) {
+                self.pauses.set(self.pauses.get() + 1);
+                let past = self.rng.random_range(100..500);
+                tokio::time::sleep(
+                    Duration::from_secs(u64::from(TTL_SECONDS)) + Duration::from_millis(past),
+                )
+                .await;
+            }
+            for _ in 0..self.rng.random_range(1..=2) {
+                self.write(&resource, &owner, lease.fence).await;
+            }
+            self.nap(0..10).await;
+            let server = self.pick(&self.lease_urls.clone());
+            self.release(&server, &resource, &owner, lease.fence).await;
+        }
+        self.records
+    }
+
+    /// After the run: every resource inspected, and a fresh acquisition, on every instance.
+    async fn final_look(mut self) -> anyhow::Result<Vec<Record>> {
+        let probe = format!(
+            "{}probe",
+            self.resources[0].trim_end_matches(|c: char| c != ':')
+        );
+        for server in self.lease_urls.clone().iter() {
+            for resource in self.resources.clone().iter() {
+                self.inspect(server, resource).await;
+            }
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let owner = format!("final-{}-{tries}", self.records.len());
+                match self.acquire(server, &probe, &owner).await {
+                    AcquireAnswer::Acquired(lease) => {
+                        self.release(server, &probe, &owner, lease.fence).await;
+                        break;
+                    }
+                    _ if tries < 50 => self.nap(100..200).await,
+                    other => bail!("no acquisition on {server} after the run: {other:?}"),
+                }
+            }
+        }
+        Ok(self.records)
+    }
+
+    fn pick(&mut self, from: &[String]) -> String {
+        from[self.rng.random_range(0..from.len())].clone()
+    }
+
+    async fn nap(&mut self, ms: std::ops::Range<u64>) {
+        let ms = self.rng.random_range(ms);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn record(&mut self, resource: &str, sent_us: u64, op: Op) {
+        self.records.push(Record {
+            worker: (self.number != usize::MAX).then_some(self.number),
+            resource: resource.to_owned(),
+            sent_us,
+            received_us: self.now(),
+            op,
+        });
+    }
+
+    async fn acquire(&mut self, server: &str, resource: &str, owner: &str) -> AcquireAnswer {
+        let sent = self.now();
+        let answer = self
+            .http
+            .post(format!("{server}/locks/{resource}"))
+            .json(&json!({"owner": owner, "ttl_seconds": TTL_SECONDS}))
+            .send()
+            .await;
+        let answer = match answer {
+            Ok(response) if response.status() == StatusCode::OK => {
+                match response.json::<Value>().await {
+                    Ok(body) if body["acquired"] == json!(true) => match lease_of(&body["lock"]) {
+                        Some(lease) => AcquireAnswer::Acquired(lease),
+                        None => unknown(format!("unreadable lock {body}")),
+                    },
+                    Ok(body) if body["acquired"] == json!(false) => AcquireAnswer::Held,
+                    Ok(body) => unknown(format!("unexpected body {body}")),
+                    Err(e) => unknown(e),
+                }
+            }
+            Ok(response) => unknown(response.status()),
+            Err(e) => unknown(e),
+        };
+        self.record(
+            resource,
+            sent,
+            Op::Acquire {
+                owner: owner.to_owned(),
+                ttl_seconds: TTL_SECONDS,
+                answer: answer.clone(),
+            },
+        );
+        answer
+    }
+
+    async fn write(&mut self, resource: &str, owner: &str, fence: i64) {
+        let sent = self.now();
+        let answer = self
+            .http
+            .put(format!("{}/docs/{resource}", self.demo_url))
+            .header(FENCING_TOKEN, fence.to_string())
+            .json(&json!({"worker": self.number, "owner": owner}))
+            .send()
+            .await;
+        let answer = match answer {
+            Ok(response) if response.status() == StatusCode::OK => WriteAnswer::Applied,
+            Ok(response) if response.status() == StatusCode::CONFLICT => {
+                let current = response
+                    .json::<Value>()
+                    .await
+                    .ok()
+                    .and_then(|b| b["current_fence"].as_i64())
+                    .unwrap_or_default();
+                WriteAnswer::Stale { current }
+            }
+            Ok(response) => WriteAnswer::Unknown {
+                why: response.status().to_string(),
+            },
+            Err(e) => WriteAnswer::Unknown { why: e.to_string() },
+        };
+        self.record(
+            resource,
+            sent,
+            Op::Write {
+                owner: owner.to_owned(),
+                fence,
+                answer,
+            },
+        );
+    }
+
+    async fn release(&mut self, server: &str, resource: &str, owner: &str, fence: i64) {
+        let sent = self.now();
+        let answer = self
+            .http
+            .delete(format!("{server}/locks/{resource}"))
+            .json(&json!({"owner": owner, "fence": fence}))
+            .send()
+            .await;
+        let answer = match answer.map(|r| r.status()) {
+            Ok(StatusCode::NO_CONTENT) => ReleaseAnswer::Released,
+            Ok(s @ (StatusCode::NOT_FOUND | StatusCode::FORBIDDEN | StatusCode::CONFLICT)) => {
+                ReleaseAnswer::Refused { status: s.as_u16() }
+            }
+            Ok(s) => ReleaseAnswer::Unknown { why: s.to_string() },
+            Err(e) => ReleaseAnswer::Unknown { why: e.to_string() },
+        };
+        self.record(
+            resource,
+            sent,
+            Op::Release {
+                owner: owner.to_owned(),
+                fence,
+                answer,
+            },
+        );
+    }
+
+    async fn inspect(&mut self, server: &str, resource: &str) {
+        let sent = self.now();
+        let answer = self
+            .http
+            .get(format!("{server}/locks/{resource}"))
+            .send()
+            .await;
+        let answer = match answer {
+            Ok(response) if response.status() == StatusCode::OK => {
+                match response
+                    .json::<Value>()
+                    .await
+                    .ok()
+                    .and_then(|b| lease_of(&b))
+                {
+                    Some(lease) => InspectAnswer::Live(lease),
+                    None => InspectAnswer::Unknown {
+                        why: "unreadable lock".into(),
+                    },
+                }
+            }
+            Ok(response) if response.status() == StatusCode::NOT_FOUND => InspectAnswer::None,
+            Ok(response) => InspectAnswer::Unknown {
+                why: response.status().to_string(),
+            },
+            Err(e) => InspectAnswer::Unknown { why: e.to_string() },
+        };
+        self.record(resource, sent, Op::Inspect { answer });
+    }
+}
+
+fn unknown(why: impl std::fmt::Display) -> AcquireAnswer {
+    AcquireAnswer::Unknown {
+        why: why.to_string(),
+    }
+}
+
+fn lease_of(lock: &Value) -> Option<Lease> {
+    let time = |field: &str| {
+        lock[field]
+            .as_str()
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&Utc))
+    };
+    Some(Lease {
+        fence: lock["fence"].as_i64()?,
+        acquired_at: time("acquired_at")?,
+        expires_at: time("expires_at")?,
+    })
+}
+
+/// The demo store's whole write log of `key`, page by page.
+async fn write_log(
+    http: &reqwest::Client,
+    demo_url: &str,
+    key: &str,
+) -> anyhow::Result<Vec<LoggedWrite>> {
+    let mut log = Vec::new();
+    let mut after = 0_i64;
+    loop {
+        let page: Value = http
+            .get(format!(
+                "{demo_url}/docs/{key}/writes?limit=1000&after={after}"
+            ))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        for w in page["writes"].as_array().into_iter().flatten() {
+            log.push(LoggedWrite {
+                fence: w["fence"].as_i64().context("a write without a fence")?,
+                applied: w["outcome"] == json!("applied"),
+            });
+        }
+        match page["next"].as_i64() {
+            Some(next) => after = next,
+            None => return Ok(log),
+        }
+    }
+}
+
+fn write_history(path: &std::path::Path, records: &[Record]) -> anyhow::Result<()> {
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    for r in records {
+        serde_json::to_writer(&mut out, r)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// How many requests of each kind, by answer.
+fn operations_line(records: &[Record]) -> String {
+    let mut counts: BTreeMap<&str, BTreeMap<&str, usize>> = BTreeMap::new();
+    for r in records {
+        let (op, answer) = match &r.op {
+            Op::Acquire { answer, .. } => (
+                "acquire",
+                match answer {
+                    AcquireAnswer::Acquired(_) => "acquired",
+                    AcquireAnswer::Held => "held",
+                    AcquireAnswer::Unknown { .. } => "unknown",
+                },
+            ),
+            Op::Write { answer, .. } => (
+                "write",
+                match answer {
+                    WriteAnswer::Applied => "applied",
+                    WriteAnswer::Stale { .. } => "stale",
+                    WriteAnswer::Unknown { .. } => "unknown",
+                },
+            ),
+            Op::Release { answer, .. } => (
+                "release",
+                match answer {
+                    ReleaseAnswer::Released => "released",
+                    ReleaseAnswer::Refused { .. } => "refused",
+                    ReleaseAnswer::Unknown { .. } => "unknown",
+                },
+            ),
+            Op::Inspect { answer } => (
+                "inspect",
+                match answer {
+                    InspectAnswer::Live(_) => "live",
+                    InspectAnswer::None => "none",
+                    InspectAnswer::Unknown { .. } => "unknown",
+                },
+            ),
+        };
+        *counts.entry(op).or_default().entry(answer).or_default() += 1;
+    }
+    let kinds: Vec<String> = counts
+        .iter()
+        .map(|(op, answers)| {
+            let total: usize = answers.values().sum();
+            let detail: Vec<String> = answers.iter().map(|(a, n)| format!("{a} {n}")).collect();
+            format!("{total} {op} ({})", detail.join(", "))
+        })
+        .collect();
+    format!("chaos: operations: {}", kinds.join("; "))
+}

@@ -1,0 +1,112 @@
+//! `fencelock-demo chaos`, run as a user runs it: short runs that must pass with every fault
+//! kind injected, and a run with the demo store's guard off that the checks must catch.
+//!
+//! The lease servers are the `fencelock` binary beside the demo's (`cargo test --workspace`
+//! builds both).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use fencelock_testkit::{StoreKind, TestDb};
+
+fn fencelock_binary() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_fencelock-demo")).with_file_name("fencelock");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build -p fencelock --bin fencelock` (or the whole workspace's tests)",
+        path.display()
+    );
+    path
+}
+
+fn chaos(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fencelock-demo"))
+        .arg("chaos")
+        .args(args)
+        .arg("--fencelock-bin")
+        .arg(fencelock_binary())
+        .env_remove("RUST_LOG")
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("the demo binary runs")
+}
+
+/// The numbers of the last line: operations, faults, stale writes rejected, violations.
+fn last_line(stdout: &str) -> [u64; 4] {
+    let last = stdout.lines().last().unwrap_or_default();
+    let numbers: Vec<u64> = last
+        .strip_prefix("chaos: ")
+        .unwrap_or_else(|| panic!("last line {last:?}"))
+        .split(", ")
+        .map(|part| part.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(
+        last,
+        format!(
+            "chaos: {} operations, {} faults, {} stale writes rejected, {} violations",
+            numbers[0], numbers[1], numbers[2], numbers[3]
+        )
+    );
+    numbers.try_into().unwrap()
+}
+
+/// The number before `what` in the faults line.
+fn faults_of(stdout: &str, what: &str) -> u64 {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("chaos: faults:"))
+        .unwrap_or_else(|| panic!("no faults line in {stdout}"));
+    let before = &line[..line
+        .find(what)
+        .unwrap_or_else(|| panic!("{what:?} not in {line:?}"))];
+    before
+        .trim_end()
+        .rsplit([' ', ':'])
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_short_run_on_postgresql_passes_with_every_fault() {
+    let db = TestDb::new(StoreKind::Postgres).await;
+    let out = chaos(&[
+        "--seconds",
+        "15",
+        "--seed",
+        "7",
+        "--database-url",
+        &db.url(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let [operations, faults, _, violations] = last_line(&stdout);
+    assert_eq!(violations, 0, "{stdout}");
+    assert!(operations >= 1000, "{stdout}");
+    let (kills, cuts, pauses) = (
+        faults_of(&stdout, "kill -9"),
+        faults_of(&stdout, "connection cuts"),
+        faults_of(&stdout, "pauses past the TTL"),
+    );
+    assert!(kills >= 1 && cuts >= 1 && pauses >= 1, "{stdout}");
+    assert_eq!(faults, kills + cuts + pauses, "{stdout}");
+}
+
+/// With the guard off, paused workers' late writes land after greater fences: the write
+/// log shows it, and the run fails.
+#[test]
+fn a_store_without_its_guard_is_caught() {
+    let out = chaos(&["--seconds", "8", "--seed", "2", "--no-guard"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let [_, _, stale_rejected, violations] = last_line(&stdout);
+    assert!(violations >= 1, "{stdout}");
+    assert_eq!(stale_rejected, 0, "{stdout}");
+    assert!(stdout.contains("was applied after fence"), "{stdout}");
+    assert!(
+        stdout.contains("connection cuts skipped (SQLite)"),
+        "{stdout}"
+    );
+}
