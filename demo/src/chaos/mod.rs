@@ -38,6 +38,7 @@ use self::instances::Instance;
 use self::proxy::CutProxy;
 use crate::app::DemoServer;
 use crate::docs::{self, Guarding};
+use crate::page::PageOptions;
 
 pub struct ChaosOptions {
     pub instances: usize,
@@ -290,6 +291,10 @@ async fn demo_store(file: &std::path::Path, guarding: Guarding) -> anyhow::Resul
         guard,
         settings.timeout,
         registry,
+        PageOptions {
+            guarding,
+            ..PageOptions::default()
+        },
     )
 }
 
