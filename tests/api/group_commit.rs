@@ -546,7 +546,10 @@ async fn history_of(store: &SharedStore, resource: &str) -> Vec<(i64, Option<Rec
 
 /// `AcquireOutcome::Held`, or a panic.
 fn held(outcome: Result<AcquireOutcome, StoreError>) {
-    assert!(matches!(outcome, Ok(AcquireOutcome::Held { .. })), "{outcome:?}");
+    assert!(
+        matches!(outcome, Ok(AcquireOutcome::Held { .. })),
+        "{outcome:?}"
+    );
 }
 
 /// Requests decided in one batch each write their history in it: a fresh grant (with its
