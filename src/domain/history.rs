@@ -11,32 +11,8 @@ use chrono::{DateTime, Utc};
 
 use super::{Fence, ResourceName};
 
-/// Most leases one history answer lists: 1 to [`HistoryLimit::MAX`], default 50.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct HistoryLimit(u16);
-
-impl HistoryLimit {
-    pub const MAX: u16 = 1000;
-    pub const DEFAULT: Self = Self(50);
-
-    /// `None` outside `1..=MAX`.
-    pub fn new(limit: u64) -> Option<Self> {
-        u16::try_from(limit)
-            .ok()
-            .filter(|n| (1..=Self::MAX).contains(n))
-            .map(Self)
-    }
-
-    pub fn get(self) -> usize {
-        usize::from(self.0)
-    }
-}
-
-impl Default for HistoryLimit {
-    fn default() -> Self {
-        Self::DEFAULT
-    }
-}
+/// Most leases one history answer lists: 1 to 1000, default 50.
+pub type HistoryLimit = super::listing::Limit<50>;
 
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct HistoryRequest {

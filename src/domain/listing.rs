@@ -108,13 +108,14 @@ impl ListScope {
     }
 }
 
-/// Most leases on one page: 1–1000, 100 unless asked otherwise.
+/// How many items one answer lists at most: 1 to [`Limit::MAX`], `DEFAULT` unless asked
+/// otherwise. One type for every listing endpoint, each with its own default.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct PageLimit(u16);
+pub struct Limit<const DEFAULT: u16>(u16);
 
-impl PageLimit {
+impl<const DEFAULT: u16> Limit<DEFAULT> {
     pub const MAX: u16 = 1000;
-    pub const DEFAULT: Self = Self(100);
+    pub const DEFAULT: Self = Self(DEFAULT);
 
     /// `None` outside `1..=MAX`.
     pub fn new(limit: u64) -> Option<Self> {
@@ -129,11 +130,14 @@ impl PageLimit {
     }
 }
 
-impl Default for PageLimit {
+impl<const DEFAULT: u16> Default for Limit<DEFAULT> {
     fn default() -> Self {
         Self::DEFAULT
     }
 }
+
+/// Most leases on one page of the list: 1–1000, 100 unless asked otherwise.
+pub type PageLimit = Limit<100>;
 
 /// One page of a list: the live leases in `scope` whose names come after `after`, in name
 /// order, at most `limit` of them.

@@ -24,7 +24,7 @@ pub use lease::{
     RenewOutcome, RenewRequest, TokenQuota, time_left_ms,
 };
 pub use listing::{
-    LeasePage, ListRequest, ListScope, ListedLease, NameRange, PageLimit, ResourcePrefix,
+    LeasePage, Limit, ListRequest, ListScope, ListedLease, NameRange, PageLimit, ResourcePrefix,
 };
 pub use lock_delay::{LockDelay, LockDelayError};
 pub use owner::{Owner, OwnerError};
