@@ -7,10 +7,16 @@
 //! ([`crate::store::Changes`]). The loop costs no store round trip while nothing changes,
 //! beyond one attempt per deadline the store named (`free_in`).
 //!
+//! Of this process's waiters of one resource only the one with the smallest ticket listens
+//! and attempts; the others sleep until it has left ([`line`]): only the store's head can win,
+//! and waking every waiter on every change cost a store transaction each.
+//!
 //! The loop runs in a task of its own, not in the request's future: when a client goes away,
 //! actix drops the request's future, which may be in the middle of an attempt. The task sees
 //! the requester gone, leaves the queue, and releases a lease an attempt in flight was
 //! granted for nobody, so a gone waiter never keeps a lease.
+
+mod line;
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +24,8 @@ use tokio::sync::oneshot;
 
 use crate::domain::{AcquireOutcome, AcquireRequest, ReleaseRequest, Ticket};
 use crate::store::{Deadline, SharedStore, StoreError, Subscription};
+
+pub use line::Lines;
 
 /// How much longer than the store timeout one attempt may take before it counts as failed
 /// (as `routes::ANSWER_GRACE`: the store refuses work past its deadline by itself).
@@ -122,23 +130,50 @@ impl Waiter {
             Ok(ticket) => ticket,
             Err(e) => return Stop::Answer(Err(e)),
         };
+        // Dropped on every way out of here, after the store's queue was left: the next
+        // waiter of this process then takes over the listening.
+        let place = self
+            .store
+            .changes()
+            .lines()
+            .join(&self.req.resource, ticket);
         let mut req = self.req.clone();
         req.ticket = Some(ticket);
+        // Whether the last attempt was made as the first in line: one that comes first after
+        // a sleep may have missed changes meanwhile, so it attempts at once.
+        let mut attempted_first = true;
         loop {
             let now = Instant::now();
             if now >= until {
                 self.leave(ticket).await;
                 return Stop::Answer(Ok(AcquireOutcome::Held { free_in }));
             }
-            let pause = (free_in + TIMER_SLACK).max(MIN_PAUSE).min(until - now);
-            tokio::select! {
-                () = changes.changed() => {}
-                () = tokio::time::sleep(pause) => {}
-                () = reply.closed() => {
-                    self.leave(ticket).await;
-                    return Stop::Gone;
+            if !place.is_first() {
+                // Someone of this process is ahead: it cannot be granted before that one is
+                // gone, so neither changes nor the expiry timer concern this waiter.
+                attempted_first = false;
+                tokio::select! {
+                    () = place.turn() => {}
+                    () = tokio::time::sleep(until - now) => {}
+                    () = reply.closed() => {
+                        self.leave(ticket).await;
+                        return Stop::Gone;
+                    }
+                }
+                continue;
+            }
+            if attempted_first {
+                let pause = (free_in + TIMER_SLACK).max(MIN_PAUSE).min(until - now);
+                tokio::select! {
+                    () = changes.changed() => {}
+                    () = tokio::time::sleep(pause) => {}
+                    () = reply.closed() => {
+                        self.leave(ticket).await;
+                        return Stop::Gone;
+                    }
                 }
             }
+            attempted_first = true;
             changes.mark_seen();
             match self.attempt(&req).await {
                 Ok(AcquireOutcome::Held { free_in: next }) => free_in = next,

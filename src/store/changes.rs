@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::watch;
 
 use crate::domain::ResourceName;
+use crate::waiting::Lines;
 
 /// Who waits on which resource in this process.
 #[derive(Default)]
@@ -22,6 +23,10 @@ pub struct Changes {
     /// removed with the last one, so the map holds only what is waited on now. A std mutex:
     /// held for a map lookup only, never across an `.await`.
     resources: Mutex<HashMap<String, Entry>>,
+    /// The waiters of this process in ticket order, so that only the first of a resource
+    /// listens here (see [`crate::waiting::Lines`]). Kept with the store's wake registry
+    /// because tickets are the store's: two stores in one process have lines of their own.
+    lines: Arc<Lines>,
 }
 
 struct Entry {
@@ -65,6 +70,11 @@ impl Changes {
         for entry in self.lock().values() {
             entry.wake.send_replace(());
         }
+    }
+
+    /// This process's waiting acquisitions, per resource in ticket order.
+    pub fn lines(&self) -> &Arc<Lines> {
+        &self.lines
     }
 
     /// The resources someone waits on now.

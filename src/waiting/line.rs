@@ -1,0 +1,136 @@
+//! The line of this process's waiters of one resource, in ticket order.
+//!
+//! Only the store's head of the queue can be granted a resource, and the head among this
+//! process's waiters (the one with the smallest ticket) is the only one here that can be it.
+//! So only that one listens for changes and makes attempts; the others sleep on a wake-up of
+//! their own until they come first. Without this, every change of a resource woke every one of
+//! its waiters into a store transaction of which all but one were bound to lose (a thundering
+//! herd that made waiting slower than polling).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::Notify;
+
+use crate::domain::{ResourceName, Ticket};
+
+/// This process's waiters, per resource, by ticket. A std mutex: held for a map operation
+/// only, never across an `.await`.
+#[derive(Default)]
+pub struct Lines {
+    resources: Mutex<HashMap<String, BTreeMap<Ticket, Arc<Notify>>>>,
+}
+
+impl Lines {
+    /// Takes the place of `ticket` (issued by the store) in the line of `resource`. Dropping
+    /// the place leaves the line and wakes whoever comes first then.
+    pub fn join(self: &Arc<Self>, resource: &ResourceName, ticket: Ticket) -> Place {
+        let turn = Arc::new(Notify::new());
+        self.lock()
+            .entry(resource.as_str().to_owned())
+            .or_default()
+            .insert(ticket, turn.clone());
+        Place {
+            lines: self.clone(),
+            resource: resource.as_str().to_owned(),
+            ticket,
+            turn,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeMap<Ticket, Arc<Notify>>>> {
+        self.resources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One waiter's place in its resource's line. A guard: however the waiter ends (a grant, a
+/// timeout, a gone client, a cancelled or panicking task), its drop hands the turn on, so the
+/// line is never stranded behind a waiter that is no more.
+pub struct Place {
+    lines: Arc<Lines>,
+    resource: String,
+    ticket: Ticket,
+    turn: Arc<Notify>,
+}
+
+impl Place {
+    /// Whether this waiter has the smallest ticket of its resource in this process.
+    pub fn is_first(&self) -> bool {
+        self.lines
+            .lock()
+            .get(&self.resource)
+            .and_then(|line| line.keys().next())
+            == Some(&self.ticket)
+    }
+
+    /// Returns once the waiter before this one has left the line (at once if it left since
+    /// the last call: the wake-up is kept until it is awaited, so none is lost between a look
+    /// at [`Place::is_first`] and this wait). It may return spuriously: check again.
+    pub async fn turn(&self) {
+        self.turn.notified().await;
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut resources = self.lines.lock();
+        let Some(line) = resources.get_mut(&self.resource) else {
+            return;
+        };
+        let was_first = line.keys().next() == Some(&self.ticket);
+        line.remove(&self.ticket);
+        match line.values().next() {
+            None => {
+                resources.remove(&self.resource);
+            }
+            Some(next) if was_first => next.notify_one(),
+            Some(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn name(text: &str) -> ResourceName {
+        ResourceName::parse(text).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_smallest_ticket_is_first_and_hands_on_when_it_leaves() {
+        let lines = Arc::new(Lines::default());
+        let late = lines.join(&name("a"), Ticket::new(7));
+        let early = lines.join(&name("a"), Ticket::new(3));
+        let other = lines.join(&name("b"), Ticket::new(9));
+        assert!(early.is_first() && !late.is_first() && other.is_first());
+        drop(early);
+        assert!(late.is_first());
+        // The wake-up was kept although nobody awaited it yet.
+        tokio::time::timeout(Duration::from_secs(1), late.turn())
+            .await
+            .expect("woken when the one before left");
+        drop(late);
+        drop(other);
+        assert!(lines.lock().is_empty(), "the registry holds only waiters");
+    }
+
+    #[tokio::test]
+    async fn leaving_from_behind_wakes_nobody() {
+        let lines = Arc::new(Lines::default());
+        let first = lines.join(&name("a"), Ticket::new(1));
+        let second = lines.join(&name("a"), Ticket::new(2));
+        let third = lines.join(&name("a"), Ticket::new(3));
+        drop(second);
+        assert!(first.is_first() && !third.is_first());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), third.turn())
+                .await
+                .is_err()
+        );
+    }
+}
