@@ -707,11 +707,13 @@ async fn a_grant_that_waited_for_a_row_lock_is_stamped_after_it() {
 
         let store = app.store.clone();
         let b = tokio::spawn(async move { store.acquire(&request, in_time()).await });
-        // B's transaction start (its `now()`), once it waits for the row.
+        // B's transaction start (its `now()`), once it waits for the row: the latest, should
+        // B's batch have given up waiting and B be retried alone. Read from a session of its
+        // own: inside a transaction, pg_stat_activity stays as it was first read.
+        let watcher = crate::helpers::pg_connect(&app.db.url()).await;
         let deadline = Instant::now() + Duration::from_secs(10);
-        // (The latest, should B's batch have given up waiting and B be retried alone.)
         let b_started: chrono::DateTime<chrono::Utc> = loop {
-            let started: Option<chrono::DateTime<chrono::Utc>> = session
+            let started: Option<chrono::DateTime<chrono::Utc>> = watcher
                 .query_one(
                     "SELECT max(xact_start) FROM pg_stat_activity
                      WHERE datname = current_database() AND wait_event_type = 'Lock'",
