@@ -3,8 +3,9 @@
 //! Each decision is taken inside one SQL statement, so the check and the write are one atomic
 //! step. Acquisitions, renewals and releases that arrive together share one statement, one
 //! transaction and one commit ([`batch`], group commit); a request that arrives alone goes at
-//! once, as a batch of one. Expiry is decided by the database's `now()`: instances with skewed
-//! clocks still agree. Fences come from the `lease_fence` sequence, which is store-wide,
+//! once, as a batch of one. Expiry is decided by the database's clock, read by each decision
+//! once it holds its resource's row lock (migration V8), so that store time follows commit
+//! order: instances with skewed clocks still agree. Fences come from the `lease_fence` sequence, which is store-wide,
 //! crash-safe and never reused after a release deletes a row.
 
 use std::str::FromStr;

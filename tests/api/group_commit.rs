@@ -677,3 +677,93 @@ async fn single_statements_write_history() {
     };
     held(store.acquire(&other, in_time()).await);
 }
+
+/// A grant is stamped with the store's clock after the row lock it waited for, not at the
+/// start of its transaction (migration V8): B's acquisition starts, waits for the row lock of
+/// A's lease, which another session holds, deletes and commits at `t1`; B's lease then starts
+/// no earlier than `t1`, so commit order and store time agree and the two leases do not
+/// overlap. Both paths: the group commit (`fencelock_apply`) and a quota acquisition, which
+/// is decided alone (`fencelock_acquire`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_waited_for_a_row_lock_is_stamped_after_it() {
+    let app = TestApp::spawn(StoreKind::Postgres).await;
+    let requests = [
+        acquire("plain", "b"),
+        acquire_with_token("quota", "t", Some(5)),
+    ];
+    for request in requests {
+        let resource = request.resource.as_str().to_owned();
+        granted(app.store.acquire(&acquire(&resource, "a"), in_time()).await);
+        let session = crate::helpers::pg_connect(&app.db.url()).await;
+        session.batch_execute("BEGIN").await.unwrap();
+        let locked = session
+            .execute(
+                "SELECT 1 FROM leases WHERE resource = $1 FOR UPDATE",
+                &[&resource],
+            )
+            .await
+            .unwrap();
+        assert_eq!(locked, 1);
+
+        let store = app.store.clone();
+        let b = tokio::spawn(async move { store.acquire(&request, in_time()).await });
+        // B's transaction start (its `now()`), once it waits for the row: the latest, should
+        // B's batch have given up waiting and B be retried alone. Read from a session of its
+        // own: inside a transaction, pg_stat_activity stays as it was first read.
+        let watcher = crate::helpers::pg_connect(&app.db.url()).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let b_started: chrono::DateTime<chrono::Utc> = loop {
+            let started: Option<chrono::DateTime<chrono::Utc>> = watcher
+                .query_one(
+                    "SELECT max(xact_start) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if let Some(started) = started {
+                break started;
+            }
+            assert!(Instant::now() < deadline, "B never waited for the row lock");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+
+        session
+            .execute("DELETE FROM leases WHERE resource = $1", &[&resource])
+            .await
+            .unwrap();
+        // Read until the clock has passed B's start by a whole millisecond, so that a stamp
+        // taken at B's start is told apart from one taken after this commit (it already has,
+        // almost always: B was seen waiting above).
+        let t1: chrono::DateTime<chrono::Utc> = loop {
+            let t1 = session
+                .query_one("SELECT date_trunc('milliseconds', clock_timestamp())", &[])
+                .await
+                .unwrap()
+                .get(0);
+            if t1 > b_started {
+                break t1;
+            }
+        };
+        session.batch_execute("COMMIT").await.unwrap();
+
+        let lease = match b.await.unwrap() {
+            Ok(AcquireOutcome::Acquired { lease, how }) => {
+                assert_eq!(how, Acquisition::Fresh, "{resource}");
+                lease
+            }
+            other => panic!("{resource}: not granted: {other:?}"),
+        };
+        assert!(
+            lease.acquired_at >= t1,
+            "{resource}: acquired at {}, before the lease it waited for ended at {t1}",
+            lease.acquired_at
+        );
+        assert!(
+            lease.expires_at - lease.observed_at <= chrono::Duration::seconds(TTL),
+            "{resource}: expires {} after it was observed, more than the TTL",
+            lease.expires_at - lease.observed_at
+        );
+    }
+}

@@ -10,8 +10,9 @@ use crate::store::Deadline;
 /// This process's monotonic clock mapped onto the database's clock, so that a request's
 /// deadline can be handed to the database as a database time.
 ///
-/// Each answer that carries the database's `now()` is a sample: `now()` was read somewhere
-/// between sending and receiving, so taking it as the time of receipt makes the mapped
+/// Each answer that carries a reading of the database's clock (`now()`, or a decision's
+/// `observed_at`, read after its row lock) is a sample: it was read somewhere between
+/// sending and receiving, so taking it as the time of receipt makes the mapped
 /// deadline early by at most one round trip, never late. Slow answers are poor samples and
 /// are ignored once a first sample exists.
 pub(super) struct DbClock {
