@@ -442,7 +442,14 @@ impl RowLock {
     }
 
     /// Sessions of this database waiting for a lock right now.
+    ///
+    /// Read from inside this session's open transaction, which keeps the activity it read
+    /// first for as long as it lasts: the snapshot is dropped before each reading.
     pub async fn waiters(&self) -> i64 {
+        self.session
+            .batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await
+            .expect("dropping the activity snapshot");
         self.session
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity
