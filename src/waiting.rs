@@ -11,6 +11,11 @@
 //! and attempts; the others sleep until it has left ([`line`]): only the store's head can win,
 //! and waking every waiter on every change cost a store transaction each.
 //!
+//! A store may also serve the queue itself: PostgreSQL grants a released lease to the first
+//! ticket in the release's own transaction (migration V10), and the waiter's next attempt,
+//! woken by the release's announcement, answers with that grant. A waiter that stops
+//! waiting learns from `dequeue` of a grant it got meanwhile.
+//!
 //! The loop runs in a task of its own, not in the request's future: when a client goes away,
 //! actix drops the request's future, which may be in the middle of an attempt. The task sees
 //! the requester gone, leaves the queue, and releases a lease an attempt in flight was
@@ -22,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::domain::{AcquireOutcome, AcquireRequest, ReleaseRequest, Ticket};
+use crate::domain::{AcquireOutcome, AcquireRequest, Acquisition, ReleaseRequest, Ticket};
 use crate::store::{Deadline, SharedStore, StoreError, Subscription};
 
 pub use line::Lines;
@@ -123,10 +128,7 @@ impl Waiter {
         reply: &mut oneshot::Sender<Result<Waited, StoreError>>,
     ) -> Stop {
         let left = until.saturating_duration_since(Instant::now());
-        let ticket = match self
-            .bounded(self.store.enqueue(&self.req.resource, left))
-            .await
-        {
+        let ticket = match self.bounded(self.store.enqueue(&self.req, left)).await {
             Ok(ticket) => ticket,
             Err(e) => return Stop::Answer(Err(e)),
         };
@@ -145,8 +147,10 @@ impl Waiter {
         loop {
             let now = Instant::now();
             if now >= until {
-                self.leave(ticket).await;
-                return Stop::Answer(Ok(AcquireOutcome::Held { free_in }));
+                return Stop::Answer(Ok(self
+                    .leave(ticket)
+                    .await
+                    .unwrap_or(AcquireOutcome::Held { free_in })));
             }
             if !place.is_first() {
                 // Someone of this process is ahead: it cannot be granted before that one is
@@ -155,10 +159,7 @@ impl Waiter {
                 tokio::select! {
                     () = place.turn() => {}
                     () = tokio::time::sleep(until - now) => {}
-                    () = reply.closed() => {
-                        self.leave(ticket).await;
-                        return Stop::Gone;
-                    }
+                    () = reply.closed() => return self.gone(ticket).await,
                 }
                 continue;
             }
@@ -167,10 +168,7 @@ impl Waiter {
                 tokio::select! {
                     () = changes.changed() => {}
                     () = tokio::time::sleep(pause) => {}
-                    () = reply.closed() => {
-                        self.leave(ticket).await;
-                        return Stop::Gone;
-                    }
+                    () = reply.closed() => return self.gone(ticket).await,
                 }
             }
             attempted_first = true;
@@ -180,8 +178,8 @@ impl Waiter {
                 // A grant takes the ticket out of the queue in the same step.
                 Ok(granted @ AcquireOutcome::Acquired { .. }) => return Stop::Answer(Ok(granted)),
                 other => {
-                    self.leave(ticket).await;
-                    return Stop::Answer(other);
+                    let granted = self.leave(ticket).await;
+                    return Stop::Answer(granted.map_or(other, Ok));
                 }
             }
         }
@@ -206,19 +204,34 @@ impl Waiter {
             })
     }
 
-    /// Out of the queue. If that fails, the ticket is skipped from its expiry on (the end of
-    /// this wait) and the next waiter is held up until then at most.
-    async fn leave(&self, ticket: Ticket) {
-        if let Err(e) = self
-            .bounded(self.store.dequeue(&self.req.resource, ticket))
-            .await
-        {
-            tracing::warn!(
-                lease.resource = %self.req.resource,
-                error = %e,
-                "a waiter could not leave the queue; its ticket holds the queue until its wait ends"
-            );
+    /// Out of the queue; with the lease if a release granted it to this ticket meanwhile
+    /// (the wait, or the attempt that failed, ended after the grant). If leaving fails, the
+    /// ticket is skipped from its expiry on (the end of this wait) and the next waiter is
+    /// held up until then at most.
+    async fn leave(&self, ticket: Ticket) -> Option<AcquireOutcome> {
+        match self.bounded(self.store.dequeue(&self.req, ticket)).await {
+            Ok(granted) => granted.map(|lease| AcquireOutcome::Acquired {
+                lease,
+                how: Acquisition::Fresh,
+            }),
+            Err(e) => {
+                tracing::warn!(
+                    lease.resource = %self.req.resource,
+                    error = %e,
+                    "a waiter could not leave the queue; its ticket holds the queue until its wait ends"
+                );
+                None
+            }
         }
+    }
+
+    /// The requester went away while queued: out of the queue, and a lease a release granted
+    /// to this ticket meanwhile is given back.
+    async fn gone(&self, ticket: Ticket) -> Stop {
+        if let Some(AcquireOutcome::Acquired { lease, .. }) = self.leave(ticket).await {
+            self.release_for_nobody(lease.fence).await;
+        }
+        Stop::Gone
     }
 
     /// The requester went away while an attempt was granted: the lease is nobody's, so it is

@@ -18,6 +18,7 @@ use super::{AppState, openapi, parse};
 use crate::auth::Permission;
 use crate::domain::time_left_ms;
 use crate::http::ApiError;
+use crate::store::{Registration, Watching};
 
 /// Added to the lease's time left before looking again: the store's clock reading and ours
 /// are a round trip apart, and a look that comes a moment early costs a second look.
@@ -66,9 +67,31 @@ pub async fn watch(
 
     let until = Instant::now() + query.timeout.duration();
     let mut changes = state.store.changes().subscribe(&resource);
+    changes.mark_seen();
+    // The first look registers the watch with the store (kept until the answer), so that
+    // every change from then on is announced; later looks only read. Without a fence the
+    // answer comes at once, and there is nothing to register.
+    let watching = match query.fence {
+        Some(_) => {
+            state
+                .ask(state.store.watch(&resource, query.timeout.duration()))
+                .await?
+        }
+        None => Watching {
+            lease: state.ask(state.store.inspect(&resource)).await?,
+            registration: Registration::none(),
+        },
+    };
+    let _registration = watching.registration;
+    let mut first = Some(watching.lease);
     loop {
-        changes.mark_seen();
-        let lease = state.ask(state.store.inspect(&resource)).await?;
+        let lease = match first.take() {
+            Some(lease) => lease,
+            None => {
+                changes.mark_seen();
+                state.ask(state.store.inspect(&resource)).await?
+            }
+        };
         let watched = query
             .fence
             .filter(|fence| lease.as_ref().is_some_and(|l| l.fence == *fence));

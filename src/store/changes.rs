@@ -124,6 +124,38 @@ impl Drop for Subscription {
     }
 }
 
+/// A watch started with [`crate::store::LeaseStore::watch`]: the lease as it was then, and
+/// the registration that keeps its changes announced.
+pub struct Watching {
+    pub lease: Option<crate::domain::Lease>,
+    /// Ends the registration when dropped; keep it for as long as the watch runs.
+    pub registration: Registration,
+}
+
+/// A store's registration of interest in a resource, ended when dropped.
+#[must_use = "the registration ends when dropped"]
+pub struct Registration(Option<Box<dyn FnOnce() + Send + Sync>>);
+
+impl Registration {
+    /// Calls `end` when dropped.
+    pub fn new(end: impl FnOnce() + Send + Sync + 'static) -> Self {
+        Self(Some(Box::new(end)))
+    }
+
+    /// Nothing to end: the store announces every change anyway.
+    pub fn none() -> Self {
+        Self(None)
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(end) = self.0.take() {
+            end();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

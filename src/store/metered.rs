@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use prometheus::{HistogramVec, IntCounterVec};
 
-use super::{Changes, Deadline, LeaseStore, SharedStore, StoreError};
+use super::{Changes, Deadline, LeaseStore, SharedStore, StoreError, Watching};
 use crate::domain::{
     AcquireOutcome, AcquireRequest, HistoryRequest, Lease, LeaseHistory, LeasePage, ListRequest,
     ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ticket,
@@ -129,9 +129,18 @@ timed_operations! {
     count_live() -> u64 = COUNT;
     list(req: &ListRequest) -> LeasePage = LIST;
     ping() -> () = PING;
-    enqueue(resource: &ResourceName, wait: Duration) -> Ticket = ENQUEUE;
-    dequeue(resource: &ResourceName, ticket: Ticket) -> () = DEQUEUE;
+    enqueue(req: &AcquireRequest, wait: Duration) -> Ticket = ENQUEUE;
+    dequeue(req: &AcquireRequest, ticket: Ticket) -> Option<Lease> = DEQUEUE;
     @rest
+    async fn watch(
+        &self,
+        resource: &ResourceName,
+        timeout: Duration,
+    ) -> Result<Watching, StoreError> {
+        self.timed(label::op::INSPECT, self.inner.watch(resource, timeout))
+            .await
+    }
+
     async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory, StoreError> {
         self.counted(self.inner.history(req)).await
     }

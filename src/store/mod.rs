@@ -27,7 +27,7 @@ use crate::domain::{
     AcquireOutcome, AcquireRequest, HistoryRequest, Lease, LeaseHistory, LeasePage, ListRequest,
     ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ticket,
 };
-pub use changes::{Changes, Subscription};
+pub use changes::{Changes, Registration, Subscription, Watching};
 pub use config::{
     DEFAULT_PG_BATCH_MAX, DEFAULT_POOL_SIZE, DEFAULT_SQLITE_FILE, DEFAULT_STORE_TIMEOUT_MS,
     StoreConfig, StoreOptions,
@@ -126,15 +126,23 @@ pub trait LeaseStore: Send + Sync + 'static {
         deadline: Deadline,
     ) -> Result<AcquireOutcome, StoreError>;
 
-    /// Puts a waiter at the end of `resource`'s queue, for at most `wait` (by the store's
-    /// clock, after which its ticket is skipped); returns its ticket. Pass it in
-    /// [`AcquireRequest::ticket`] and [`LeaseStore::dequeue`] it when the wait ends without
-    /// a grant (a grant takes it out of the queue itself).
-    async fn enqueue(&self, resource: &ResourceName, wait: Duration) -> Result<Ticket, StoreError>;
+    /// Puts the waiting acquisition `req` at the end of its resource's queue, for at most
+    /// `wait` (by the store's clock, after which its ticket is skipped); returns its ticket.
+    /// Pass it in [`AcquireRequest::ticket`] and [`LeaseStore::dequeue`] it when the wait
+    /// ends without a grant (a grant takes it out of the queue itself). A store may grant
+    /// the lease to the ticket when the holder releases it; the waiter's next `acquire` (or
+    /// its `dequeue`) then answers with that lease.
+    async fn enqueue(&self, req: &AcquireRequest, wait: Duration) -> Result<Ticket, StoreError>;
 
-    /// Takes a waiter's ticket out of the queue (it has stopped waiting). Taking out a
-    /// ticket that is gone already is no error.
-    async fn dequeue(&self, resource: &ResourceName, ticket: Ticket) -> Result<(), StoreError>;
+    /// Takes the ticket of the waiting acquisition `req` out of the queue (it has stopped
+    /// waiting), and returns the lease a release granted to it meanwhile, if one did: the
+    /// lease is the waiter's, to answer with or to release. Taking out a ticket that is gone
+    /// already is no error.
+    async fn dequeue(
+        &self,
+        req: &AcquireRequest,
+        ticket: Ticket,
+    ) -> Result<Option<Lease>, StoreError>;
 
     /// The wake registry this store announces changes to: the grants, releases and
     /// dequeues of every process sharing the store (see [`changes`]).
@@ -142,6 +150,22 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// The live lease of `resource`, if any. Expired leases are absent.
     async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError>;
+
+    /// Starts a watch of `resource` for at most `timeout`: from its return until the
+    /// registration is dropped, every change of the resource's lease reaches
+    /// [`LeaseStore::changes`]. Returns the live lease as it is once the watch is registered.
+    /// A store that announces every change anyway registers nothing.
+    async fn watch(
+        &self,
+        resource: &ResourceName,
+        timeout: Duration,
+    ) -> Result<Watching, StoreError> {
+        let _ = timeout;
+        Ok(Watching {
+            lease: self.inspect(resource).await?,
+            registration: Registration::none(),
+        })
+    }
 
     /// Extends the caller's live lease to now + ttl, keeping its fence. Nothing is written
     /// once `deadline` has passed.

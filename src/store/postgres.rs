@@ -21,7 +21,7 @@ use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
-use super::{Changes, Deadline, LeaseStore, StoreError};
+use super::{Changes, Deadline, LeaseStore, Registration, StoreError, Watching};
 use crate::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Lease, LeaseHistory, Owner,
     PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
@@ -492,19 +492,53 @@ const ACQUIRE: &str = "
 SELECT fence, acquired_at, expires_at, observed_at, how
 FROM fencelock_acquire($1, $2, $3, $8, $4::text, $5::integer, $6::integer, $7::bigint)";
 
-/// A new ticket at the end of the resource's queue, live for `$2` ms by the database's clock.
+/// A new ticket at the end of the resource's queue, live for `$2` ms by the database's clock,
+/// and whether the resource has a live lease, read with a row lock after the ticket is in
+/// (migration V9): from then on every change of that lease is announced, and a change that
+/// was under way is waited for and seen.
+///
+/// The acquisition goes with the ticket, for a release to grant it (migration V10), unless it
+/// has a token quota (`$3` NULL): that is counted under the token's lock, by the waiter.
 const ENQUEUE: &str = "
-INSERT INTO lease_waiters (resource, expires_at)
-VALUES ($1, now() + $2::bigint * interval '1 millisecond')
-RETURNING ticket";
+WITH waiter AS (
+    INSERT INTO lease_waiters (resource, expires_at, owner, ttl_seconds, token, lock_delay_ms)
+    VALUES ($1, now() + $2::bigint * interval '1 millisecond', $3, $4, $5, $6)
+    RETURNING ticket
+)
+SELECT waiter.ticket, EXISTS (
+    SELECT FROM leases l WHERE l.resource = $1 AND l.expires_at > now() FOR SHARE
+)
+FROM waiter";
 
-/// Its trigger announces the change, so the next waiter looks again.
-const DEQUEUE: &str = "DELETE FROM lease_waiters WHERE ticket = $1";
+/// A watch's registration, live for `$2` ms by the database's clock, and the live lease read
+/// with a row lock after it, as `ENQUEUE` does (migration V9).
+const WATCH: &str = "
+WITH watch AS (
+    INSERT INTO lease_watchers (resource, expires_at)
+    VALUES ($1, now() + $2::bigint * interval '1 millisecond')
+    RETURNING id
+)
+SELECT l.owner, l.fence, l.acquired_at, l.expires_at, now(), watch.id
+FROM watch LEFT JOIN LATERAL (
+    SELECT * FROM leases l WHERE l.resource = $1 AND l.expires_at > now() FOR SHARE
+) l ON true";
+
+const UNWATCH: &str = "DELETE FROM lease_watchers WHERE id = $1";
+
+/// Its trigger announces the change, so the next waiter looks again. Returns the grant a
+/// release wrote into the ticket, if any (migration V10).
+const DEQUEUE: &str = "
+DELETE FROM lease_waiters WHERE ticket = $1
+RETURNING granted_fence, granted_at, granted_until, now()";
 
 /// Tickets of waiters that are gone without leaving the queue (their process died): skipped
 /// since their expiry, deleted here once a minute has passed.
 const PURGE_WAITERS: &str =
     "DELETE FROM lease_waiters WHERE expires_at < now() - interval '1 minute'";
+
+/// Registrations of watches whose instance died while they ran, as `PURGE_WAITERS`.
+const PURGE_WATCHERS: &str =
+    "DELETE FROM lease_watchers WHERE expires_at < now() - interval '1 minute'";
 
 const INSPECT: &str = "
 SELECT owner, fence, acquired_at, expires_at, now()
@@ -520,10 +554,11 @@ ON CONFLICT (id) DO UPDATE SET checked_at = EXCLUDED.checked_at";
 
 /// What `check` reads to make sure the tables and functions the statements use are there, with
 /// the columns they use. Reads only.
-const SCHEMA_PROBES: [&str; 6] = [
+const SCHEMA_PROBES: [&str; 7] = [
     "SELECT resource, owner, fence, acquired_at, expires_at, token, lock_delay_ms FROM leases LIMIT 0",
     "SELECT fence, resource, acquired_at, expires_at, ended_at, end_kind, renewals FROM lease_history LIMIT 0",
     "SELECT ticket, resource, expires_at FROM lease_waiters LIMIT 0",
+    "SELECT id, resource, expires_at FROM lease_watchers LIMIT 0",
     "SELECT id, checked_at FROM store_probe LIMIT 0",
     "SELECT last_value FROM lease_fence",
     "SELECT 'fencelock_acquire(text,text,integer,timestamp with time zone,text,integer,integer,bigint)'::regprocedure,
@@ -663,7 +698,8 @@ impl LeaseStore for PgStore {
     /// An acquisition with a quota is decided alone: its token's advisory lock must not be
     /// taken inside a batch, whose transactions take row locks only, in resource order (see
     /// [`batch`]). So is a waiter's (with a ticket): `fencelock_apply` takes no tickets, and
-    /// a waiter's attempts are few (one per change of its resource).
+    /// a waiter's attempts are few (one per change of its resource), and mostly write
+    /// nothing: taking a grant a release left in the ticket, or finding the lease held.
     #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
     async fn acquire(
         &self,
@@ -678,24 +714,56 @@ impl LeaseStore for PgStore {
         }
     }
 
-    async fn enqueue(&self, resource: &ResourceName, wait: Duration) -> Result<Ticket, StoreError> {
+    async fn enqueue(&self, req: &AcquireRequest, wait: Duration) -> Result<Ticket, StoreError> {
+        let resource = &req.resource;
         let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
+        let quota = req.token.as_ref().is_some_and(|t| t.max_leases.is_some());
+        let owner = (!quota).then(|| req.owner.as_str());
+        let ttl = ttl_param(req.ttl.seconds());
+        let token = req.token.as_ref().map(|t| t.name.as_str());
+        let lock_delay = lock_delay_param(req);
         let row = self
             .db
-            .query_opt(ENQUEUE, &[&resource.as_str(), &wait_ms])
+            .query_opt(
+                ENQUEUE,
+                &[
+                    &resource.as_str(),
+                    &wait_ms,
+                    &owner,
+                    &ttl,
+                    &token,
+                    &lock_delay,
+                ],
+            )
             .await?
             .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("no ticket was issued")))?;
+        // A lease that ended before the ticket was in may have gone unannounced (nobody was
+        // queued yet): the waiter is told here, so it looks again at once.
+        if !row.get::<_, bool>(1) {
+            self.changes.changed(resource.as_str());
+        }
         Ok(Ticket::new(row.get(0)))
     }
 
-    async fn dequeue(&self, _resource: &ResourceName, ticket: Ticket) -> Result<(), StoreError> {
-        let client = self.db.client().await?;
-        let statement = client.prepare_cached(DEQUEUE).await.map_err(classify)?;
-        client
-            .execute(&statement, &[&ticket.get()])
-            .await
-            .map_err(classify)?;
-        Ok(())
+    async fn dequeue(
+        &self,
+        req: &AcquireRequest,
+        ticket: Ticket,
+    ) -> Result<Option<Lease>, StoreError> {
+        let Some(row) = self.db.query_opt(DEQUEUE, &[&ticket.get()]).await? else {
+            return Ok(None);
+        };
+        if row.get::<_, Option<i64>>(0).is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Lease {
+            resource: req.resource.clone(),
+            owner: req.owner.clone(),
+            fence: fence(&row, 0)?,
+            acquired_at: row.get(1),
+            expires_at: row.get(2),
+            observed_at: row.get(3),
+        }))
     }
 
     fn changes(&self) -> Arc<Changes> {
@@ -704,19 +772,51 @@ impl LeaseStore for PgStore {
 
     #[tracing::instrument(skip_all, fields(lease.resource = %resource))]
     async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
-        let Some(row) = self.db.query_opt(INSPECT, &[&resource.as_str()]).await? else {
-            return Ok(None);
+        match self.db.query_opt(INSPECT, &[&resource.as_str()]).await? {
+            Some(row) => inspected(resource, &row),
+            None => Ok(None),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(lease.resource = %resource))]
+    async fn watch(
+        &self,
+        resource: &ResourceName,
+        timeout: Duration,
+    ) -> Result<Watching, StoreError> {
+        let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+        let row = self
+            .db
+            .query_opt(WATCH, &[&resource.as_str(), &timeout_ms])
+            .await?
+            .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("no watch was registered")))?;
+        let id: i64 = row.get(5);
+        let db = self.db.clone();
+        // Deleted in the background: the watch's answer does not wait for it, and a
+        // registration left behind costs only announcements until the purge takes it.
+        let registration = Registration::new(move || {
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            runtime.spawn(async move {
+                let deleted = async {
+                    let client = db.client().await?;
+                    let statement = client.prepare_cached(UNWATCH).await.map_err(classify)?;
+                    client.execute(&statement, &[&id]).await.map_err(classify)
+                };
+                if let Err(e) = deleted.await {
+                    tracing::debug!(error = %e, "a watch's registration is left to the purge");
+                }
+            });
+        });
+        let lease = match row.get::<_, Option<&str>>(0) {
+            Some(_) => inspected(resource, &row)?,
+            None => None,
         };
-        let owner: &str = row.get(0);
-        Ok(Some(Lease {
-            resource: resource.clone(),
-            owner: Owner::parse(owner)
-                .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored owner: {e}")))?,
-            fence: fence(&row, 1)?,
-            acquired_at: row.get(2),
-            expires_at: row.get(3),
-            observed_at: row.get(4),
-        }))
+        Ok(Watching {
+            lease,
+            registration,
+        })
     }
 
     #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
@@ -748,6 +848,10 @@ impl LeaseStore for PgStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let client = self.db.client().await?;
         client.execute(PURGE_WAITERS, &[]).await.map_err(classify)?;
+        client
+            .execute(PURGE_WATCHERS, &[])
+            .await
+            .map_err(classify)?;
         let statement = client.prepare_cached(PURGE).await.map_err(classify)?;
         client
             .execute(&statement, &[&grace_ms, &limit])
@@ -825,6 +929,20 @@ impl LeaseStore for PgStore {
 
 /// A refusal: the resource might be the caller's at `free_at`, by the database's clock, read at
 /// `now` (NULL: unknown, so look again soon).
+/// The lease in a row of `INSPECT`'s columns (owner, fence, acquired, expires, now).
+fn inspected(resource: &ResourceName, row: &Row) -> Result<Option<Lease>, StoreError> {
+    let owner: &str = row.get(0);
+    Ok(Some(Lease {
+        resource: resource.clone(),
+        owner: Owner::parse(owner)
+            .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored owner: {e}")))?,
+        fence: fence(row, 1)?,
+        acquired_at: row.get(2),
+        expires_at: row.get(3),
+        observed_at: row.get(4),
+    }))
+}
+
 fn held(free_at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> AcquireOutcome {
     let free_in = free_at
         .and_then(|at| (at - now).to_std().ok())

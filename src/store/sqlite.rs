@@ -656,16 +656,22 @@ impl LeaseStore for SqliteStore {
         Ok(outcome)
     }
 
-    async fn enqueue(&self, resource: &ResourceName, wait: Duration) -> Result<Ticket, StoreError> {
-        let resource = resource.clone();
+    async fn enqueue(&self, req: &AcquireRequest, wait: Duration) -> Result<Ticket, StoreError> {
+        let resource = req.resource.clone();
         self.call(None, move |conn| enqueue(conn, &resource, wait))
             .await
     }
 
-    async fn dequeue(&self, resource: &ResourceName, ticket: Ticket) -> Result<(), StoreError> {
+    /// Releases do not serve waiters here (the head's own attempt follows at once, in the
+    /// same process or within a poll), so a ticket never holds a grant.
+    async fn dequeue(
+        &self,
+        req: &AcquireRequest,
+        ticket: Ticket,
+    ) -> Result<Option<Lease>, StoreError> {
         self.call(None, move |conn| dequeue(conn, ticket)).await?;
-        self.changes.changed(resource.as_str());
-        Ok(())
+        self.changes.changed(req.resource.as_str());
+        Ok(None)
     }
 
     fn changes(&self) -> Arc<Changes> {

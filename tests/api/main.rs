@@ -9,6 +9,7 @@ extern crate fencelock_testkit;
 mod helpers;
 
 mod acquire;
+mod announcements;
 mod auth;
 mod client;
 mod cluster_tls;
@@ -17,6 +18,7 @@ mod connections;
 mod decisions;
 mod errors;
 mod group_commit;
+mod handover;
 mod health;
 mod history;
 mod input;
