@@ -38,7 +38,49 @@ struct Figures {
     requests: u64,
     errors: u64,
     waits_us: Vec<u64>,
+    /// Every lease won, as its client saw it.
+    wins: Vec<Win>,
     elapsed: Duration,
+}
+
+/// One won lease, timed at its client.
+#[derive(Clone, Copy)]
+struct Win {
+    resource: u64,
+    /// The client's first attempt for it.
+    first: Instant,
+    /// Its answer arrived.
+    won: Instant,
+    /// Its release was answered.
+    released: Instant,
+}
+
+/// The bound on a wait: the holds of the leases before it plus 100 ms per hand-over. Put as
+/// the time the resource was held by nobody during the wait, per hand-over in it: the worst
+/// of all waits, in ms. Each lease counts from its answer to its release's answer at its
+/// client, so the figure includes a round trip per hand-over.
+fn worst_idle_per_handover(wins: &[Win]) -> f64 {
+    let mut worst = Duration::ZERO;
+    for me in wins {
+        let mut held = Duration::ZERO;
+        let mut handovers = 0u32;
+        for other in wins.iter().filter(|o| o.resource == me.resource) {
+            if std::ptr::eq(other, me) {
+                continue;
+            }
+            let start = other.won.max(me.first);
+            let end = other.released.min(me.won);
+            if end > start {
+                held += end - start;
+            }
+            if other.released >= me.first && other.released <= me.won {
+                handovers += 1;
+            }
+        }
+        let idle = (me.won - me.first).saturating_sub(held);
+        worst = worst.max(idle / handovers.max(1));
+    }
+    worst.as_secs_f64() * 1000.0
 }
 
 /// Runs both modes on each store for `seconds` each and returns the report.
@@ -66,7 +108,8 @@ pub async fn run(
         "waiting workload: {CLIENTS} clients, {RESOURCES} resources, each win held {} ms then released; {seconds} s per run\n\
          wait: acquire with wait_ms={WAIT_MS}; poll: acquire without it, {} ms pause after a refusal\n\
          wait = from a client's first attempt to its win\n\n\
-         {:<11} {:<5} {:>10} {:>11} {:>9} {:>9} {:>9} {:>7}\n",
+         idle/hand-over = the worst wait's time with the resource held by nobody, per hand-over in it (bound: 100 ms)\n\n\
+         {:<11} {:<5} {:>10} {:>11} {:>9} {:>9} {:>9} {:>14} {:>7}\n",
         HOLD.as_millis(),
         POLL_EVERY.as_millis(),
         "store",
@@ -76,6 +119,7 @@ pub async fn run(
         "p50 ms",
         "p99 ms",
         "max ms",
+        "idle/hand-over",
         "errors",
     );
     for (name, store) in &stores {
@@ -104,7 +148,7 @@ fn row(store: &str, mode: Mode, f: &Figures) -> String {
             .map_or(0.0, |us| *us as f64 / 1000.0)
     };
     format!(
-        "{:<11} {:<5} {:>10.0} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>7}\n",
+        "{:<11} {:<5} {:>10.0} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>11.1} ms {:>7}\n",
         store,
         format!("{mode:?}").to_lowercase(),
         f.won as f64 / secs,
@@ -112,6 +156,7 @@ fn row(store: &str, mode: Mode, f: &Figures) -> String {
         at(0.5),
         at(0.99),
         waits.last().map_or(0.0, |us| *us as f64 / 1000.0),
+        worst_idle_per_handover(&f.wins),
         f.errors,
     )
 }
@@ -123,6 +168,7 @@ async fn load(port: u16, mode: Mode, measure: Duration) -> anyhow::Result<Figure
         requests: 0,
         errors: 0,
         waits_us: Vec::new(),
+        wins: Vec::new(),
         elapsed: measure,
     }));
     let mut clients = Vec::new();
@@ -161,6 +207,7 @@ async fn one_client(
     totals: Arc<Mutex<Figures>>,
 ) {
     let (mut won, mut requests, mut errors, mut waits) = (0, 0, 0, Vec::new());
+    let mut wins = Vec::new();
     let mut attempt = 0u64;
     while !stop.load(Ordering::SeqCst) {
         let resource = fastrand::u64(..RESOURCES);
@@ -199,10 +246,11 @@ async fn one_client(
         if !acquired {
             continue;
         }
-        let waited = first.elapsed();
-        if !stop.load(Ordering::SeqCst) {
+        let won_at = Instant::now();
+        let counted = !stop.load(Ordering::SeqCst);
+        if counted {
             won += 1;
-            waits.push(u64::try_from(waited.as_micros()).unwrap_or(u64::MAX));
+            waits.push(u64::try_from((won_at - first).as_micros()).unwrap_or(u64::MAX));
         }
         tokio::time::sleep(HOLD).await;
         requests += 1;
@@ -211,12 +259,24 @@ async fn one_client(
             Ok((StatusCode::NO_CONTENT, _)) => {}
             _ => errors += 1,
         }
+        // Every lease counts as a hold before the waits it overlaps, also one won after
+        // the end of the measurement.
+        wins.push(Win {
+            resource,
+            first,
+            won: won_at,
+            released: Instant::now(),
+        });
+        if !counted {
+            wins.last_mut().expect("just pushed").first = won_at;
+        }
     }
     let mut totals = totals.lock().await;
     totals.won += won;
     totals.requests += requests;
     totals.errors += errors;
     totals.waits_us.extend(waits);
+    totals.wins.extend(wins);
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
