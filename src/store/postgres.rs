@@ -593,12 +593,14 @@ ORDER BY fence DESC
 LIMIT $2"#;
 
 /// History rows of leases that ended more than the retention ago, found by
-/// `lease_history_ended_idx`. Like the lease purge, it skips rows a batch has locked (a lease
+/// `lease_history_acquired_idx` (migration V12: a lease that ended before the cutoff was
+/// acquired before it). Like the lease purge, it skips rows a batch has locked (a lease
 /// change updating them right now) rather than wait for them.
 const PURGE_HISTORY: &str = "
 DELETE FROM lease_history WHERE fence IN (
     SELECT fence FROM lease_history
-    WHERE coalesce(ended_at, expires_at) < now() - $1::bigint * interval '1 millisecond'
+    WHERE acquired_at < now() - $1::bigint * interval '1 millisecond'
+      AND coalesce(ended_at, expires_at) < now() - $1::bigint * interval '1 millisecond'
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )";

@@ -273,6 +273,8 @@ async fn retention_purges_only_long_ended_leases(kind: StoreKind) {
     app.db.age_history("released-long-ago", 2 * HOUR_MS).await;
     app.acquire_ok("expired-long-ago", "o", TTL).await;
     app.db.age("expired-long-ago", 2 * HOUR_MS).await;
+    // `age` moves the expiry only; a lease that expired two hours ago was acquired before.
+    app.db.age_history("expired-long-ago", 2 * HOUR_MS).await;
     app.acquire_ok("released-now", "o", TTL).await;
     assert_eq!(
         app.release("released-now", json!({ "owner": "o" }))
@@ -305,6 +307,7 @@ async fn retention_purges_only_long_ended_leases(kind: StoreKind) {
         let resource = format!("bulk-{i}");
         app.acquire_ok(&resource, "o", TTL).await;
         app.db.age(&resource, 2 * HOUR_MS).await;
+        app.db.age_history(&resource, 2 * HOUR_MS).await;
     }
     let purged = app.store.purge_history_batch(retention, 7).await.unwrap();
     assert_eq!(purged, 7);

@@ -51,3 +51,59 @@ async fn a_lookup_planned_on_an_empty_table_uses_the_primary_key() {
         "the lookup is not an index scan:\n{plan}"
     );
 }
+
+/// A lease's history row is written again when the lease is renewed or ends (its
+/// `expires_at`, `renewals`, `ended_at` and `end_kind`). No index may cover those columns,
+/// so that those updates stay heap-only (HOT) and touch no index; the retention purge finds
+/// old rows by `acquired_at`, which is written once.
+#[tokio::test]
+async fn history_updates_touch_no_index() {
+    let app = TestApp::spawn(StoreKind::Postgres).await;
+    let sessions = pool(
+        &PgConfig::parse(&app.db.url()).unwrap(),
+        1,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let session = sessions.get().await.unwrap();
+    let indexed: Vec<String> = session
+        .query(
+            "SELECT DISTINCT a.attname::text
+             FROM pg_index i
+             JOIN pg_attribute a ON a.attrelid = i.indrelid
+             WHERE i.indrelid = 'lease_history'::regclass
+               AND (a.attnum = ANY (i.indkey)
+                    OR pg_get_expr(i.indexprs, i.indrelid) ~ ('\\m' || a.attname || '\\M'))
+             ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(indexed, ["acquired_at", "fence", "resource"]);
+
+    session
+        .batch_execute("SET plan_cache_mode = force_generic_plan")
+        .await
+        .unwrap();
+    let plan: Vec<String> = session
+        .query(
+            "EXPLAIN SELECT fence FROM lease_history
+             WHERE acquired_at < now() - $1::bigint * interval '1 millisecond'
+               AND coalesce(ended_at, expires_at) < now() - $1::bigint * interval '1 millisecond'
+             LIMIT 100",
+            &[&3_600_000_i64],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("lease_history_acquired_idx"),
+        "the purge does not use the acquired_at index:\n{plan}"
+    );
+}
