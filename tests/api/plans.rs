@@ -7,6 +7,19 @@ use fencelock::store::postgres::{PgConfig, pool};
 
 use crate::helpers::{StoreKind, TestApp};
 
+/// A session set up as the server's are (`store::postgres::pool`).
+async fn session(app: &TestApp) -> deadpool_postgres::Object {
+    pool(
+        &PgConfig::parse(&app.db.url()).unwrap(),
+        1,
+        Duration::from_secs(10),
+    )
+    .unwrap()
+    .get()
+    .await
+    .unwrap()
+}
+
 /// A prepared statement's generic plan is costed on the table as it is when the plan is made.
 /// Made on an empty, freshly analysed table (a new deployment, or the first minutes after a
 /// quiet spell), a primary-key lookup would be a sequential scan, kept while the table grows.
@@ -14,13 +27,7 @@ use crate::helpers::{StoreKind, TestApp};
 #[tokio::test]
 async fn a_lookup_planned_on_an_empty_table_uses_the_primary_key() {
     let app = TestApp::spawn(StoreKind::Postgres).await;
-    let sessions = pool(
-        &PgConfig::parse(&app.db.url()).unwrap(),
-        1,
-        Duration::from_secs(10),
-    )
-    .unwrap();
-    let session = sessions.get().await.unwrap();
+    let session = session(&app).await;
     // VACUUM cannot share a multi-statement string (an implicit transaction).
     session
         .batch_execute("VACUUM (ANALYZE) leases")
@@ -59,13 +66,7 @@ async fn a_lookup_planned_on_an_empty_table_uses_the_primary_key() {
 #[tokio::test]
 async fn history_updates_touch_no_index() {
     let app = TestApp::spawn(StoreKind::Postgres).await;
-    let sessions = pool(
-        &PgConfig::parse(&app.db.url()).unwrap(),
-        1,
-        Duration::from_secs(10),
-    )
-    .unwrap();
-    let session = sessions.get().await.unwrap();
+    let session = session(&app).await;
     let indexed: Vec<String> = session
         .query(
             "SELECT DISTINCT a.attname::text
