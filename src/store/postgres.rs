@@ -497,6 +497,11 @@ FROM fencelock_acquire($1, $2, $3, $8, $4::text, $5::integer, $6::integer, $7::b
 /// (migration V9): from then on every change of that lease is announced, and a change that
 /// was under way is waited for and seen.
 ///
+/// Committed without waiting for the disk: the row lock is held until the commit, and a
+/// release of that lease waits for it. A ticket lost in a crash of the database loses no
+/// lease and no fence: its waiter, woken by the reconnect, tries again with the same number
+/// and is judged behind the tickets before it that remain.
+///
 /// The acquisition goes with the ticket, for a release to grant it (migration V10), unless it
 /// has a token quota (`$3` NULL): that is counted under the token's lock, by the waiter.
 const ENQUEUE: &str = "
@@ -508,7 +513,7 @@ WITH waiter AS (
 SELECT waiter.ticket, EXISTS (
     SELECT FROM leases l WHERE l.resource = $1 AND l.expires_at > now() FOR SHARE
 )
-FROM waiter";
+FROM waiter, (SELECT set_config('synchronous_commit', 'off', true)) AS no_sync";
 
 /// A watch's registration, live for `$2` ms by the database's clock, and the live lease read
 /// with a row lock after it, as `ENQUEUE` does (migration V9).
