@@ -447,6 +447,26 @@ async fn a_refused_batch_is_decided_request_by_request() {
     );
 }
 
+/// An acquisition of a lease another owner holds is answered from a plain read (migration
+/// V13): it neither takes the lease's row lock nor waits for it. Here another session holds
+/// that lock; under load it is the holder's own release or renewal, which a refusal would
+/// otherwise hold up until the refusal's batch committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_does_not_wait_for_the_row_lock() {
+    let app = TestApp::spawn(StoreKind::Postgres).await;
+    granted(app.store.acquire(&acquire("x", "w"), in_time()).await);
+    let x = RowLock::take(&app.db, "x").await;
+    let refused = tokio::time::timeout(
+        Duration::from_secs(5),
+        app.store.acquire(&acquire("x", "other"), in_time()),
+    )
+    .await
+    .expect("the refusal waited for the locked row");
+    held(refused);
+    assert_eq!(x.waiters().await, 0, "a session still waits for the row");
+    x.release().await;
+}
+
 /// Thirty-two tasks acquire and release five hot resources, in every order: batches running
 /// at the same time keep meeting on the same rows, and since each takes its rows in resource
 /// order, none ever deadlocks (a deadlock would make the database refuse a batch). Every
@@ -680,7 +700,8 @@ async fn single_statements_write_history() {
 
 /// A grant is stamped with the store's clock after the row lock it waited for, not at the
 /// start of its transaction (migration V8): B's acquisition starts, waits for the row lock of
-/// A's lease, which another session holds, deletes and commits at `t1`; B's lease then starts
+/// A's expired lease (a live one of another owner is refused without a lock, migration V13),
+/// which another session holds, deletes and commits at `t1`; B's lease then starts
 /// no earlier than `t1`, so commit order and store time agree and the two leases do not
 /// overlap. Both paths: the group commit (`fencelock_apply`) and a quota acquisition, which
 /// is decided alone (`fencelock_acquire`).
@@ -695,6 +716,13 @@ async fn a_grant_that_waited_for_a_row_lock_is_stamped_after_it() {
         let resource = request.resource.as_str().to_owned();
         granted(app.store.acquire(&acquire(&resource, "a"), in_time()).await);
         let session = crate::helpers::pg_connect(&app.db.url()).await;
+        session
+            .execute(
+                "UPDATE leases SET expires_at = now() - interval '1 second' WHERE resource = $1",
+                &[&resource],
+            )
+            .await
+            .unwrap();
         session.batch_execute("BEGIN").await.unwrap();
         let locked = session
             .execute(
