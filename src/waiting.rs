@@ -9,7 +9,10 @@
 //!
 //! Of this process's waiters of one resource only the one with the smallest ticket listens
 //! and attempts; the others sleep until it has left ([`line`]): only the store's head can win,
-//! and waking every waiter on every change cost a store transaction each.
+//! and waking every waiter on every change cost a store transaction each. One that leaves with
+//! the lease tells the next what it saw ([`line::Handoff`]): the lease is its own until its
+//! expiry, as of the changes announced so far, so the next waits for a later change (or that
+//! expiry) instead of looking at once and finding it held.
 //!
 //! A store may also serve the queue itself: PostgreSQL grants a released lease to the first
 //! ticket in the release's own transaction (migration V10), and the waiter's next attempt,
@@ -30,6 +33,7 @@ use tokio::sync::oneshot;
 use crate::domain::{AcquireOutcome, AcquireRequest, Acquisition, ReleaseRequest, Ticket};
 use crate::store::{Deadline, SharedStore, StoreError, Subscription};
 
+use line::Handoff;
 pub use line::Lines;
 
 /// How much longer than the store timeout one attempt may take before it counts as failed
@@ -163,6 +167,12 @@ impl Waiter {
                 }
                 continue;
             }
+            if !attempted_first && let Some(handoff) = place.take_handoff() {
+                // The one before got the lease: a look now would find it held.
+                changes.mark_seen_through(handoff.seen);
+                free_in = handoff.held_until.saturating_duration_since(now);
+                attempted_first = true;
+            }
             if attempted_first {
                 let pause = (free_in + TIMER_SLACK).max(MIN_PAUSE).min(until - now);
                 tokio::select! {
@@ -172,11 +182,20 @@ impl Waiter {
                 }
             }
             attempted_first = true;
-            changes.mark_seen();
+            let seen = changes.mark_seen();
             match self.attempt(&req).await {
                 Ok(AcquireOutcome::Held { free_in: next }) => free_in = next,
                 // A grant takes the ticket out of the queue in the same step.
-                Ok(granted @ AcquireOutcome::Acquired { .. }) => return Stop::Answer(Ok(granted)),
+                Ok(AcquireOutcome::Acquired { lease, how }) => {
+                    let left = (lease.expires_at - lease.observed_at)
+                        .to_std()
+                        .unwrap_or_default();
+                    place.leave_granted(Handoff {
+                        seen,
+                        held_until: Instant::now() + left,
+                    });
+                    return Stop::Answer(Ok(AcquireOutcome::Acquired { lease, how }));
+                }
                 other => {
                     let granted = self.leave(ticket).await;
                     return Stop::Answer(granted.map_or(other, Ok));

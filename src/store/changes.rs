@@ -30,7 +30,8 @@ pub struct Changes {
 }
 
 struct Entry {
-    wake: watch::Sender<()>,
+    /// How many changes were announced since the entry was made.
+    wake: watch::Sender<u64>,
     subscribers: usize,
 }
 
@@ -47,28 +48,31 @@ impl Changes {
         let entry = resources
             .entry(resource.as_str().to_owned())
             .or_insert_with(|| Entry {
-                wake: watch::Sender::new(()),
+                wake: watch::Sender::new(0),
                 subscribers: 0,
             });
         entry.subscribers += 1;
+        let wake = entry.wake.subscribe();
+        let seen = *wake.borrow();
         Subscription {
             changes: self.clone(),
             resource: resource.as_str().to_owned(),
-            wake: entry.wake.subscribe(),
+            wake,
+            seen,
         }
     }
 
     /// `resource` may have changed: its subscribers look again.
     pub fn changed(&self, resource: &str) {
         if let Some(entry) = self.lock().get(resource) {
-            entry.wake.send_replace(());
+            entry.wake.send_modify(|count| *count += 1);
         }
     }
 
     /// Anything may have changed (announcements may have been lost): everyone looks again.
     pub fn all_changed(&self) {
         for entry in self.lock().values() {
-            entry.wake.send_replace(());
+            entry.wake.send_modify(|count| *count += 1);
         }
     }
 
@@ -93,18 +97,34 @@ impl Changes {
 pub struct Subscription {
     changes: Arc<Changes>,
     resource: String,
-    wake: watch::Receiver<()>,
+    wake: watch::Receiver<u64>,
+    /// The announcements accounted for.
+    seen: u64,
 }
+
+/// How far a look at the store accounts for a resource's announcements: a look made after
+/// [`Subscription::mark_seen`] returned it reflects every change announced up to there. Valid
+/// for the subscriptions of the resource that are alive at the same time.
+#[derive(Clone, Copy, Debug)]
+pub struct Seen(u64);
 
 impl Subscription {
     /// Everything announced so far has been seen: the caller is about to look at the store.
-    pub fn mark_seen(&mut self) {
-        self.wake.borrow_and_update();
+    pub fn mark_seen(&mut self) -> Seen {
+        self.seen = *self.wake.borrow_and_update();
+        Seen(self.seen)
     }
 
-    /// Returns once a change is announced after the last [`Subscription::mark_seen`].
+    /// What another subscriber's look accounted for counts as seen here too: a waiter
+    /// takes over what the one before it in line learned (see [`crate::waiting`]).
+    pub fn mark_seen_through(&mut self, seen: Seen) {
+        self.seen = self.seen.max(seen.0);
+    }
+
+    /// Returns once a change is announced after what was marked seen.
     pub async fn changed(&mut self) {
-        if self.wake.changed().await.is_err() {
+        let seen = self.seen;
+        if self.wake.wait_for(|count| *count > seen).await.is_err() {
             // The sender lives as long as a subscriber does; this is unreachable, but never
             // spin on it.
             std::future::pending::<()>().await;
@@ -164,6 +184,26 @@ mod tests {
 
     fn name(text: &str) -> ResourceName {
         ResourceName::parse(text).unwrap()
+    }
+
+    #[tokio::test]
+    async fn what_another_subscriber_saw_counts_as_seen() {
+        let changes = Changes::new();
+        let mut before = changes.subscribe(&name("a"));
+        let mut next = changes.subscribe(&name("a"));
+        changes.changed("a");
+        let seen = before.mark_seen();
+        next.mark_seen_through(seen);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), next.changed())
+                .await
+                .is_err(),
+            "woken by a change the other had seen"
+        );
+        changes.changed("a");
+        tokio::time::timeout(Duration::from_secs(1), next.changed())
+            .await
+            .expect("a later change wakes");
     }
 
     #[tokio::test]

@@ -27,7 +27,7 @@ use crate::domain::{
     AcquireOutcome, AcquireRequest, HistoryRequest, Lease, LeaseHistory, LeasePage, ListRequest,
     ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ticket,
 };
-pub use changes::{Changes, Registration, Subscription, Watching};
+pub use changes::{Changes, Registration, Seen, Subscription, Watching};
 pub use config::{
     DEFAULT_PG_BATCH_MAX, DEFAULT_POOL_SIZE, DEFAULT_SQLITE_FILE, DEFAULT_STORE_TIMEOUT_MS,
     StoreConfig, StoreOptions,

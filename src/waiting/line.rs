@@ -9,16 +9,35 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use tokio::sync::Notify;
 
 use crate::domain::{ResourceName, Ticket};
+use crate::store::Seen;
 
 /// This process's waiters, per resource, by ticket. A std mutex: held for a map operation
 /// only, never across an `.await`.
 #[derive(Default)]
 pub struct Lines {
-    resources: Mutex<HashMap<String, BTreeMap<Ticket, Arc<Notify>>>>,
+    resources: Mutex<HashMap<String, Line>>,
+}
+
+#[derive(Default)]
+struct Line {
+    waiters: BTreeMap<Ticket, Arc<Notify>>,
+    /// Left by a first waiter that leaves with the lease, for the one after it.
+    handoff: Option<Handoff>,
+}
+
+/// What a waiter that was granted the resource passes on to the next in line: the lease is
+/// its own until `held_until` (by this process's clock), as of a look at the store that
+/// accounted for every change announced up to `seen`. The next waiter need not look again
+/// before a later change or that time: it would find the lease held.
+#[derive(Clone, Copy, Debug)]
+pub struct Handoff {
+    pub seen: Seen,
+    pub held_until: Instant,
 }
 
 impl Lines {
@@ -29,16 +48,18 @@ impl Lines {
         self.lock()
             .entry(resource.as_str().to_owned())
             .or_default()
+            .waiters
             .insert(ticket, turn.clone());
         Place {
             lines: self.clone(),
             resource: resource.as_str().to_owned(),
             ticket,
             turn,
+            handoff: None,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeMap<Ticket, Arc<Notify>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Line>> {
         self.resources
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -53,6 +74,8 @@ pub struct Place {
     resource: String,
     ticket: Ticket,
     turn: Arc<Notify>,
+    /// Passed on to the next waiter when this one leaves.
+    handoff: Option<Handoff>,
 }
 
 impl Place {
@@ -61,8 +84,24 @@ impl Place {
         self.lines
             .lock()
             .get(&self.resource)
-            .and_then(|line| line.keys().next())
+            .and_then(|line| line.waiters.keys().next())
             == Some(&self.ticket)
+    }
+
+    /// Leaves the line with the lease: the next waiter learns what [`Handoff`] says.
+    pub fn leave_granted(mut self, handoff: Handoff) {
+        self.handoff = Some(handoff);
+    }
+
+    /// What the waiter before this one left, if it left with the lease; once, and only for
+    /// the first waiter.
+    pub fn take_handoff(&self) -> Option<Handoff> {
+        let mut resources = self.lines.lock();
+        let line = resources.get_mut(&self.resource)?;
+        if line.waiters.keys().next() != Some(&self.ticket) {
+            return None;
+        }
+        line.handoff.take()
     }
 
     /// Returns once the waiter before this one has left the line (at once if it left since
@@ -79,9 +118,13 @@ impl Drop for Place {
         let Some(line) = resources.get_mut(&self.resource) else {
             return;
         };
-        let was_first = line.keys().next() == Some(&self.ticket);
-        line.remove(&self.ticket);
-        match line.values().next() {
+        let was_first = line.waiters.keys().next() == Some(&self.ticket);
+        line.waiters.remove(&self.ticket);
+        if was_first {
+            // A first waiter leaving without the lease makes an earlier handoff stale.
+            line.handoff = self.handoff.take();
+        }
+        match line.waiters.values().next() {
             None => {
                 resources.remove(&self.resource);
             }
@@ -117,6 +160,37 @@ mod tests {
         drop(late);
         drop(other);
         assert!(lines.lock().is_empty(), "the registry holds only waiters");
+    }
+
+    fn handoff() -> Handoff {
+        let changes = crate::store::Changes::new();
+        Handoff {
+            seen: changes.subscribe(&name("a")).mark_seen(),
+            held_until: std::time::Instant::now(),
+        }
+    }
+
+    #[test]
+    fn a_handoff_goes_to_the_next_first_waiter_once() {
+        let lines = Arc::new(Lines::default());
+        let first = lines.join(&name("a"), Ticket::new(1));
+        let second = lines.join(&name("a"), Ticket::new(2));
+        let third = lines.join(&name("a"), Ticket::new(3));
+        first.leave_granted(handoff());
+        assert!(third.take_handoff().is_none(), "not first");
+        assert!(second.take_handoff().is_some());
+        assert!(second.take_handoff().is_none(), "taken once");
+    }
+
+    #[test]
+    fn a_first_waiter_leaving_without_the_lease_drops_the_handoff() {
+        let lines = Arc::new(Lines::default());
+        let first = lines.join(&name("a"), Ticket::new(1));
+        let second = lines.join(&name("a"), Ticket::new(2));
+        let third = lines.join(&name("a"), Ticket::new(3));
+        first.leave_granted(handoff());
+        drop(second);
+        assert!(third.take_handoff().is_none(), "stale");
     }
 
     #[tokio::test]

@@ -2,9 +2,10 @@
 //! transaction (migration V10): the hand-over costs no second commit.
 
 use fencelock_testkit::pg_connect;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::helpers::{StoreKind, TTL, TestApp, fence};
+use crate::waiting::until_queued;
 
 /// A ticket left by a waiter (here written directly, as if its instance were slow to look
 /// again) is granted by the release itself: the lease is the waiter's the moment the release
@@ -110,4 +111,68 @@ async fn a_release_serves_only_a_live_ticket_with_its_acquisition() {
             .get(0);
         assert_eq!(rows, 0, "{resource}: the release granted the lease");
     }
+}
+
+/// Queues a waiting acquisition of `resource` by `owner`; its answer arrives on the returned
+/// task.
+fn wait_for(app: &TestApp, resource: &str, owner: &str) -> tokio::task::JoinHandle<Value> {
+    let (address, client) = (app.url(&format!("/locks/{resource}")), app.client.clone());
+    let body = json!({ "owner": owner, "ttl_seconds": TTL, "wait_ms": 30_000 });
+    tokio::spawn(async move {
+        client
+            .post(address)
+            .json(&body)
+            .send()
+            .await
+            .expect("the waiter's request")
+            .json()
+            .await
+            .expect("a JSON answer")
+    })
+}
+
+fn store_acquisitions(metrics: &fencelock_testkit::Exposition) -> f64 {
+    metrics.value("fencelock_store_seconds_count", &[("op", "acquire")])
+}
+
+/// A waiter that gets the lease tells the next one in its instance's line what it saw: the
+/// next need not look at the store (it would find the lease held) until the lease changes
+/// again. Each hand-over then costs the store one attempt, the new holder's taking of its
+/// grant.
+#[tokio::test]
+async fn the_next_in_line_does_not_look_while_the_one_before_holds() {
+    let app = TestApp::spawn(StoreKind::Postgres).await;
+    // A first hand-over proves the instance receives the announcements.
+    let warm = app.acquire_ok("warm", "a", TTL).await;
+    let warming = wait_for(&app, "warm", "b");
+    until_queued(&app, "warm", 1).await;
+    app.release("warm", json!({ "owner": "a", "fence": fence(&warm) }))
+        .await;
+    assert_eq!(warming.await.unwrap()["acquired"], true);
+
+    let holder = app.acquire_ok("job", "holder", TTL).await;
+    let first = wait_for(&app, "job", "w0");
+    until_queued(&app, "job", 1).await;
+    let second = wait_for(&app, "job", "w1");
+    until_queued(&app, "job", 2).await;
+    let before = store_acquisitions(&app.metrics().await);
+
+    let released = app
+        .release("job", json!({ "owner": "holder", "fence": fence(&holder) }))
+        .await;
+    assert_eq!(released.status(), 204);
+    let first = first.await.unwrap();
+    assert_eq!(first["lock"]["owner"], "w0", "{first}");
+    let released = app
+        .release(
+            "job",
+            json!({ "owner": "w0", "fence": fence(&first["lock"]) }),
+        )
+        .await;
+    assert_eq!(released.status(), 204);
+    let second = second.await.unwrap();
+    assert_eq!(second["lock"]["owner"], "w1", "{second}");
+
+    let after = store_acquisitions(&app.metrics().await);
+    assert_eq!(after - before, 2.0, "one store attempt per hand-over");
 }
