@@ -187,13 +187,7 @@ impl Waiter {
                 Ok(AcquireOutcome::Held { free_in: next }) => free_in = next,
                 // A grant takes the ticket out of the queue in the same step.
                 Ok(AcquireOutcome::Acquired { lease, how }) => {
-                    let left = (lease.expires_at - lease.observed_at)
-                        .to_std()
-                        .unwrap_or_default();
-                    place.leave_granted(Handoff {
-                        seen,
-                        held_until: Instant::now() + left,
-                    });
+                    place.leave_granted(Handoff::holding(seen, &lease));
                     return Stop::Answer(Ok(AcquireOutcome::Acquired { lease, how }));
                 }
                 other => {

@@ -6,8 +6,9 @@
 -- committed. Under contention most acquisitions are refused, so most of the lock traffic on a
 -- hot lease was for nothing. Now an acquisition first reads the lease without a lock; a lease
 -- another owner holds (lock delay included) is the answer. That answer is as of the read: a
--- release that has not committed yet has not happened. Anything else (no lease, an expired
--- one, the caller's own) is decided under the row lock as before.
+-- release that has not committed yet has not happened. An expired lease or the caller's own
+-- is decided under the row lock as before; where there was no lease at all there is no row to
+-- lock, so that read stands and the insert follows (a concurrent insert makes it look again).
 --
 -- `fencelock_free_at` was declared IMMUTABLE, but adding an interval to a timestamptz is only
 -- STABLE, so PostgreSQL would not inline it: every call went through the SQL function
@@ -49,6 +50,7 @@ DECLARE
     held_delay integer;
     queued timestamptz;
     inserted_at timestamptz;
+    looked_absent boolean; -- V13
     head_ticket bigint;
     head_owner text;
     head_ttl integer;
@@ -70,12 +72,14 @@ BEGIN
         acquired_at := NULL;
         expires_at := NULL;
         head_owner := NULL;
+        looked_absent := false; -- V13
         IF p_kinds[i] = 'acquire' THEN -- V13
             SELECT l.owner, l.expires_at, l.lock_delay_ms -- V13
             INTO held_by, held_until, held_delay -- V13
             FROM leases l WHERE l.resource = v_resource; -- V13
+            looked_absent := NOT FOUND; -- V13
             stamp := date_trunc('milliseconds', clock_timestamp()); -- V13
-            IF FOUND AND held_by <> v_owner -- V13
+            IF NOT looked_absent AND held_by <> v_owner -- V13
                AND fencelock_free_at(held_until, held_delay) > stamp THEN -- V13
                 outcome := 'held'; -- V13
                 expires_at := fencelock_free_at(held_until, held_delay); -- V13
@@ -87,11 +91,20 @@ BEGIN
         -- Repeated only when an acquisition's insert lost a race with another insert of the
         -- same resource: the next look sees the winner's row and decides again.
         LOOP
-            SELECT l.owner, l.fence, l.acquired_at, l.expires_at,
-                   l.lock_delay_ms
-            INTO held_by, held_fence, held_since, held_until, held_delay
-            FROM leases l WHERE l.resource = v_resource FOR UPDATE;
-            present := FOUND;
+            IF looked_absent THEN -- V13
+                -- No lease a moment ago: no row to lock, and no need to look again. An
+                -- insert that lost a race with another loops back here and does look.
+                looked_absent := false; -- V13
+                present := false; -- V13
+                held_fence := NULL; -- V13
+                held_since := NULL; -- V13
+            ELSE -- V13
+                SELECT l.owner, l.fence, l.acquired_at, l.expires_at,
+                       l.lock_delay_ms
+                INTO held_by, held_fence, held_since, held_until, held_delay
+                FROM leases l WHERE l.resource = v_resource FOR UPDATE;
+                present := FOUND;
+            END IF; -- V13
             stamp := date_trunc('milliseconds', clock_timestamp());
             ends := stamp + p_ttl_seconds[i] * interval '1 second';
             observed_at := stamp;

@@ -779,10 +779,11 @@ impl LeaseStore for PgStore {
 
     #[tracing::instrument(skip_all, fields(lease.resource = %resource))]
     async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
-        match self.db.query_opt(INSPECT, &[&resource.as_str()]).await? {
-            Some(row) => inspected(resource, &row),
-            None => Ok(None),
-        }
+        self.db
+            .query_opt(INSPECT, &[&resource.as_str()])
+            .await?
+            .map(|row| inspected(resource, &row))
+            .transpose()
     }
 
     #[tracing::instrument(skip_all, fields(lease.resource = %resource))]
@@ -816,10 +817,11 @@ impl LeaseStore for PgStore {
                 }
             });
         });
-        let lease = match row.get::<_, Option<&str>>(0) {
-            Some(_) => inspected(resource, &row)?,
-            None => None,
-        };
+        // No live lease: the joined columns are NULL.
+        let lease = row
+            .get::<_, Option<&str>>(0)
+            .map(|_| inspected(resource, &row))
+            .transpose()?;
         Ok(Watching {
             lease,
             registration,
@@ -934,12 +936,10 @@ impl LeaseStore for PgStore {
     }
 }
 
-/// A refusal: the resource might be the caller's at `free_at`, by the database's clock, read at
-/// `now` (NULL: unknown, so look again soon).
 /// The lease in a row of `INSPECT`'s columns (owner, fence, acquired, expires, now).
-fn inspected(resource: &ResourceName, row: &Row) -> Result<Option<Lease>, StoreError> {
+fn inspected(resource: &ResourceName, row: &Row) -> Result<Lease, StoreError> {
     let owner: &str = row.get(0);
-    Ok(Some(Lease {
+    Ok(Lease {
         resource: resource.clone(),
         owner: Owner::parse(owner)
             .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored owner: {e}")))?,
@@ -947,9 +947,11 @@ fn inspected(resource: &ResourceName, row: &Row) -> Result<Option<Lease>, StoreE
         acquired_at: row.get(2),
         expires_at: row.get(3),
         observed_at: row.get(4),
-    }))
+    })
 }
 
+/// A refusal: the resource might be the caller's at `free_at`, by the database's clock, read at
+/// `now` (NULL: unknown, so look again soon).
 fn held(free_at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> AcquireOutcome {
     let free_in = free_at
         .and_then(|at| (at - now).to_std().ok())

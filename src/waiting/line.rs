@@ -9,11 +9,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::domain::{ResourceName, Ticket};
+use crate::domain::{Lease, ResourceName, Ticket, time_left_ms};
 use crate::store::Seen;
 
 /// This process's waiters, per resource, by ticket. A std mutex: held for a map operation
@@ -38,6 +38,18 @@ struct Line {
 pub struct Handoff {
     pub seen: Seen,
     pub held_until: Instant,
+}
+
+impl Handoff {
+    /// From a waiter that won `lease` in a look made after `seen`.
+    pub fn holding(seen: Seen, lease: &Lease) -> Self {
+        let left = time_left_ms(lease.expires_at, lease.observed_at);
+        Self {
+            seen,
+            held_until: Instant::now()
+                + Duration::from_millis(u64::try_from(left).unwrap_or_default()),
+        }
+    }
 }
 
 impl Lines {

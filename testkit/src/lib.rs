@@ -53,7 +53,8 @@ pub use server::{
     invalid_fields, sorted_keys, token_entry, under_v1,
 };
 pub use storage::{
-    RowLock, StoreKind, TestDb, admin, admin_url, first_column, pg_connect, postgres_addr,
+    RowLock, StoreKind, TestDb, admin, admin_url, first_column, lock_waiters, pg_connect,
+    postgres_addr,
 };
 
 /// Instantiates rules of the lease server's contract: each `rule`, an

@@ -415,6 +415,26 @@ impl TestDb {
     }
 }
 
+/// Sessions of `session`'s database waiting for a lock right now, as PostgreSQL reports them.
+///
+/// A session inside a transaction keeps the activity it read first for as long as it lasts:
+/// the snapshot is dropped before each reading.
+pub async fn lock_waiters(session: &tokio_postgres::Client) -> i64 {
+    session
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .expect("dropping the activity snapshot");
+    session
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .await
+        .expect("reading pg_stat_activity")
+        .get(0)
+}
+
 /// A row lock on a lease, held by another session until released: requests that need the row
 /// wait inside PostgreSQL, as they would behind a slow transaction.
 pub struct RowLock {
@@ -441,24 +461,10 @@ impl RowLock {
         Self { session }
     }
 
-    /// Sessions of this database waiting for a lock right now.
-    ///
-    /// Read from inside this session's open transaction, which keeps the activity it read
-    /// first for as long as it lasts: the snapshot is dropped before each reading.
+    /// Sessions of this database waiting for a lock right now ([`lock_waiters`], read from
+    /// inside this session's open transaction).
     pub async fn waiters(&self) -> i64 {
-        self.session
-            .batch_execute("SELECT pg_stat_clear_snapshot()")
-            .await
-            .expect("dropping the activity snapshot");
-        self.session
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .expect("reading pg_stat_activity")
-            .get(0)
+        lock_waiters(&self.session).await
     }
 
     /// Ends the other session's transaction, letting the waiting requests through.

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use fencelock_testkit::pg_connect;
+use fencelock_testkit::{lock_waiters, pg_connect};
 use futures_util::StreamExt as _;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -31,19 +31,6 @@ async fn listen(url: &str) -> (tokio_postgres::Client, mpsc::UnboundedReceiver<S
         .await
         .expect("LISTEN");
     (client, rx)
-}
-
-/// Sessions of the test's database that wait for a lock right now.
-async fn lock_waits(session: &tokio_postgres::Client) -> i64 {
-    session
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            &[],
-        )
-        .await
-        .expect("reading pg_stat_activity")
-        .get(0)
 }
 
 /// Changes of a resource nobody awaits are not announced; those of a watched one are.
@@ -157,7 +144,7 @@ async fn a_watch_registered_during_a_change_sees_it() {
     });
     let observer = pg_connect(&app.db.url()).await;
     let started = Instant::now();
-    while lock_waits(&observer).await == 0 {
+    while lock_waiters(&observer).await == 0 {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "the watch never waited for the row"

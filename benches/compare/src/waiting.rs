@@ -260,16 +260,13 @@ async fn one_client(
             _ => errors += 1,
         }
         // Every lease counts as a hold before the waits it overlaps, also one won after
-        // the end of the measurement.
+        // the end of the measurement (whose own wait is not measured).
         wins.push(Win {
             resource,
-            first,
+            first: if counted { first } else { won_at },
             won: won_at,
             released: Instant::now(),
         });
-        if !counted {
-            wins.last_mut().expect("just pushed").first = won_at;
-        }
     }
     let mut totals = totals.lock().await;
     totals.won += won;
