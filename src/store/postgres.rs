@@ -649,14 +649,7 @@ impl Db {
                 max_leases: req.token.as_ref().and_then(|t| t.max_leases).unwrap_or(0),
             });
         }
-        let lease = Lease {
-            resource: req.resource.clone(),
-            owner: req.owner.clone(),
-            fence: fence(&row, 0)?,
-            acquired_at: row.get(1),
-            expires_at: row.get(2),
-            observed_at: row.get(3),
-        };
+        let lease = granted_lease(req, &row)?;
         let how = acquisition(row.get(4))?;
         Ok(AcquireOutcome::Acquired { lease, how })
     }
@@ -763,14 +756,7 @@ impl LeaseStore for PgStore {
         if row.get::<_, Option<i64>>(0).is_none() {
             return Ok(None);
         }
-        Ok(Some(Lease {
-            resource: req.resource.clone(),
-            owner: req.owner.clone(),
-            fence: fence(&row, 0)?,
-            acquired_at: row.get(1),
-            expires_at: row.get(2),
-            observed_at: row.get(3),
-        }))
+        granted_lease(req, &row).map(Some)
     }
 
     fn changes(&self) -> Arc<Changes> {
@@ -947,6 +933,19 @@ fn inspected(resource: &ResourceName, row: &Row) -> Result<Lease, StoreError> {
         acquired_at: row.get(2),
         expires_at: row.get(3),
         observed_at: row.get(4),
+    })
+}
+
+/// The lease granted to `req` in a row whose first columns are its fence, `acquired_at`,
+/// `expires_at` and the database's clock (`ACQUIRE`'s and `DEQUEUE`'s answers).
+fn granted_lease(req: &AcquireRequest, row: &Row) -> Result<Lease, StoreError> {
+    Ok(Lease {
+        resource: req.resource.clone(),
+        owner: req.owner.clone(),
+        fence: fence(row, 0)?,
+        acquired_at: row.get(1),
+        expires_at: row.get(2),
+        observed_at: row.get(3),
     })
 }
 

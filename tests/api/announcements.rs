@@ -33,6 +33,24 @@ async fn listen(url: &str) -> (tokio_postgres::Client, mpsc::UnboundedReceiver<S
     (client, rx)
 }
 
+/// Starts a watch of `resource`'s lease `lock` for up to `timeout_ms`; its answer arrives on
+/// the returned task.
+fn watch_in_background(
+    app: &TestApp,
+    resource: &str,
+    lock: &Value,
+    timeout_ms: u64,
+) -> tokio::task::JoinHandle<Value> {
+    let (client, url) = (
+        app.client.clone(),
+        app.url(&format!(
+            "/locks/{resource}/watch?fence={}&timeout_ms={timeout_ms}",
+            fence(lock)
+        )),
+    );
+    tokio::spawn(async move { client.get(url).send().await.unwrap().json().await.unwrap() })
+}
+
 /// Changes of a resource nobody awaits are not announced; those of a watched one are.
 /// Announcements arrive in commit order, so the first one received being the watched
 /// resource's shows that the earlier, unwatched changes sent none.
@@ -53,19 +71,7 @@ async fn only_changes_someone_awaits_are_announced() {
     }
 
     let lock = app.acquire_ok("watched", "a", TTL).await;
-    let watching = tokio::spawn({
-        let (client, url) = (
-            app.client.clone(),
-            app.url(&format!(
-                "/locks/watched/watch?fence={}&timeout_ms=60000",
-                fence(&lock)
-            )),
-        );
-        async move {
-            let answer: Value = client.get(url).send().await.unwrap().json().await.unwrap();
-            answer
-        }
-    });
+    let watching = watch_in_background(&app, "watched", &lock, 60_000);
     let session = pg_connect(&app.db.url()).await;
     let registered = Instant::now();
     while session
@@ -129,19 +135,7 @@ async fn a_watch_registered_during_a_change_sees_it() {
         .await
         .unwrap();
 
-    let watching = tokio::spawn({
-        let (client, url) = (
-            app.client.clone(),
-            app.url(&format!(
-                "/locks/job/watch?fence={}&timeout_ms=30000",
-                fence(&lock)
-            )),
-        );
-        async move {
-            let answer: Value = client.get(url).send().await.unwrap().json().await.unwrap();
-            answer
-        }
-    });
+    let watching = watch_in_background(&app, "job", &lock, 30_000);
     let observer = pg_connect(&app.db.url()).await;
     let started = Instant::now();
     while lock_waiters(&observer).await == 0 {

@@ -20,6 +20,22 @@ async fn session(app: &TestApp) -> deadpool_postgres::Object {
     .unwrap()
 }
 
+/// The plan of `sql` as the session would run it, one line per node.
+async fn explain(
+    session: &tokio_postgres::Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> String {
+    let plan: Vec<String> = session
+        .query(&format!("EXPLAIN {sql}"), params)
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    plan.join("\n")
+}
+
 /// A prepared statement's generic plan is costed on the table as it is when the plan is made.
 /// Made on an empty, freshly analysed table (a new deployment, or the first minutes after a
 /// quiet spell), a primary-key lookup would be a sequential scan, kept while the table grows.
@@ -42,17 +58,12 @@ async fn a_lookup_planned_on_an_empty_table_uses_the_primary_key() {
         )
         .await
         .unwrap();
-    let plan: Vec<String> = session
-        .query(
-            "EXPLAIN SELECT owner, fence FROM leases WHERE resource = $1 FOR UPDATE",
-            &[&"plan:1"],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    let plan = plan.join("\n");
+    let plan = explain(
+        &session,
+        "SELECT owner, fence FROM leases WHERE resource = $1 FOR UPDATE",
+        &[&"plan:1"],
+    )
+    .await;
     assert!(
         plan.contains("Index Scan using leases_pkey"),
         "the lookup is not an index scan:\n{plan}"
@@ -89,20 +100,15 @@ async fn history_updates_touch_no_index() {
         .batch_execute("SET plan_cache_mode = force_generic_plan")
         .await
         .unwrap();
-    let plan: Vec<String> = session
-        .query(
-            "EXPLAIN SELECT fence FROM lease_history
+    let plan = explain(
+        &session,
+        "SELECT fence FROM lease_history
              WHERE acquired_at < now() - $1::bigint * interval '1 millisecond'
                AND coalesce(ended_at, expires_at) < now() - $1::bigint * interval '1 millisecond'
              LIMIT 100",
-            &[&3_600_000_i64],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    let plan = plan.join("\n");
+        &[&3_600_000_i64],
+    )
+    .await;
     assert!(
         plan.contains("lease_history_acquired_idx"),
         "the purge does not use the acquired_at index:\n{plan}"
