@@ -167,7 +167,7 @@ BEGIN
                     ON CONFLICT (resource) DO NOTHING
                     RETURNING l.fence INTO granted;
                     CONTINUE WHEN NOT FOUND;
-                   
+                    -- The insert may have waited for another insert of this resource,
                     -- whose lease may have been released meanwhile: the stamp is the clock
                     -- after it.
                     inserted_at := date_trunc('milliseconds', clock_timestamp());
