@@ -1,15 +1,16 @@
 -- fencelock: `fencelock_apply` writes the lease history and announces its changes itself,
 -- and skips the history update a fresh lease has no use for.
 --
--- Each history write was a call of a PL/pgSQL helper (V11). Under the cycles load PostgreSQL
--- is bound by its own CPU, not by the disk: with pgbench running `fencelock_apply` (acquire,
--- then release) at 16 clients, the machine's two cores were busy (idle 6 %, of which 71 %
--- in user mode), and the profile was spread over setting up executor state: each helper
--- call builds a function call context, memory context and executor state of its own, around
--- one statement. The same statements now stand in the decision's body, where PL/pgSQL also
--- keeps their plans, and the update of the replaced lease's row is made only when a lease
--- was replaced (a fresh grant has none: it was an index probe for `fence = NULL`). The
--- queue check of a free lease is a plain query too, instead of a helper call.
+-- Each history write was a call of a PL/pgSQL helper (V11). Under load PostgreSQL is bound by
+-- its own CPU, not by the disk: with pgbench running `fencelock_apply` (acquire, then release)
+-- at 16 clients, the machine's two cores were busy (6 % idle, 71 % user time) while the disk's
+-- own flushes took 0.06 ms; and in a profile of the decisions, about a quarter of the
+-- database's time went to starting executors. Each helper call sets up a function call
+-- context, memory context and executor state of its own, around one statement. The same
+-- statements now stand in the decision's body, where PL/pgSQL also keeps their plans, and the
+-- update of the replaced lease's row is made only when a lease was replaced (a fresh grant has
+-- none: it was an index probe for `fence = NULL`). The queue check of a free lease is a plain
+-- query too, instead of a helper call.
 --
 -- The lease trigger (V9) is not run for the changes `fencelock_apply` makes: a trigger call
 -- sets up a PL/pgSQL function with its row variables for every changed lease. The decision
@@ -22,6 +23,9 @@
 --
 -- The helpers stay, unchanged, for `fencelock_acquire` (a waiter's, or a quota's,
 -- acquisition alone). The rows written and the answers are the same as in V13.
+--
+-- Measured with 20,000 acquire-and-release cycles in one transaction (no disk sync), the
+-- decisions took 0.138 ms per cycle before and 0.114 ms after.
 
 DROP TRIGGER leases_announce_change ON leases;
 
