@@ -2,10 +2,10 @@
 //! transaction (migration V10): the hand-over costs no second commit.
 
 use fencelock_testkit::pg_connect;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::helpers::{StoreKind, TTL, TestApp, fence};
-use crate::waiting::until_queued;
+use crate::waiting::{until_queued, wait_in_background};
 
 /// A ticket left by a waiter (here written directly, as if its instance were slow to look
 /// again) is granted by the release itself: the lease is the waiter's the moment the release
@@ -113,24 +113,6 @@ async fn a_release_serves_only_a_live_ticket_with_its_acquisition() {
     }
 }
 
-/// Queues a waiting acquisition of `resource` by `owner`; its answer arrives on the returned
-/// task.
-fn wait_for(app: &TestApp, resource: &str, owner: &str) -> tokio::task::JoinHandle<Value> {
-    let (address, client) = (app.url(&format!("/locks/{resource}")), app.client.clone());
-    let body = json!({ "owner": owner, "ttl_seconds": TTL, "wait_ms": 30_000 });
-    tokio::spawn(async move {
-        client
-            .post(address)
-            .json(&body)
-            .send()
-            .await
-            .expect("the waiter's request")
-            .json()
-            .await
-            .expect("a JSON answer")
-    })
-}
-
 fn store_acquisitions(metrics: &fencelock_testkit::Exposition) -> f64 {
     metrics.value("fencelock_store_seconds_count", &[("op", "acquire")])
 }
@@ -144,16 +126,16 @@ async fn the_next_in_line_does_not_look_while_the_one_before_holds() {
     let app = TestApp::spawn(StoreKind::Postgres).await;
     // A first hand-over proves the instance receives the announcements.
     let warm = app.acquire_ok("warm", "a", TTL).await;
-    let warming = wait_for(&app, "warm", "b");
+    let warming = wait_in_background(&app, "warm", "b");
     until_queued(&app, "warm", 1).await;
     app.release("warm", json!({ "owner": "a", "fence": fence(&warm) }))
         .await;
     assert_eq!(warming.await.unwrap()["acquired"], true);
 
     let holder = app.acquire_ok("job", "holder", TTL).await;
-    let first = wait_for(&app, "job", "w0");
+    let first = wait_in_background(&app, "job", "w0");
     until_queued(&app, "job", 1).await;
-    let second = wait_for(&app, "job", "w1");
+    let second = wait_in_background(&app, "job", "w1");
     until_queued(&app, "job", 2).await;
     let before = store_acquisitions(&app.metrics().await);
 

@@ -50,6 +50,28 @@ async fn acquire_waiting(
     response.json().await.expect("a JSON answer")
 }
 
+/// Starts a waiting acquisition of `resource` by `owner` (TTL [`TTL`], `wait_ms` 30 s); its
+/// answer arrives on the returned task.
+pub fn wait_in_background(
+    app: &TestApp,
+    resource: &str,
+    owner: &str,
+) -> tokio::task::JoinHandle<Value> {
+    let (address, client) = (app.url(&format!("/locks/{resource}")), app.client.clone());
+    let body = json!({ "owner": owner, "ttl_seconds": TTL, "wait_ms": 30_000 });
+    tokio::spawn(async move {
+        client
+            .post(address)
+            .json(&body)
+            .send()
+            .await
+            .expect("the waiter's request")
+            .json()
+            .await
+            .expect("a JSON answer")
+    })
+}
+
 /// Waits until `count` tickets are queued for `resource`: the waiters are in the queue, in
 /// the order they were made to arrive.
 pub async fn until_queued(app: &TestApp, resource: &str, count: i64) {
@@ -73,20 +95,10 @@ async fn waiters_are_served_in_arrival_order_across_instances(kind: StoreKind) {
     let holder = a.acquire_ok("job", "holder", TTL).await;
     let (done, mut served) = mpsc::unbounded_channel();
     for i in 0..5 {
-        let app = apps[i % 3];
-        let (address, client) = (app.url("/locks/job"), app.client.clone());
+        let waiting = wait_in_background(apps[i % 3], "job", &format!("w{i}"));
         let done = done.clone();
         tokio::spawn(async move {
-            let answer: Value = client
-                .post(address)
-                .json(&json!({ "owner": format!("w{i}"), "ttl_seconds": TTL, "wait_ms": 30_000 }))
-                .send()
-                .await
-                .expect("the waiter's request")
-                .json()
-                .await
-                .expect("a JSON answer");
-            let _ = done.send((i, answer));
+            let _ = done.send((i, waiting.await.expect("the waiter's task")));
         });
         until_queued(&a, "job", i as i64 + 1).await;
     }
@@ -195,20 +207,7 @@ async fn a_waiter_that_hangs_up_leaves_the_queue(kind: StoreKind) {
         .unwrap();
     quitter.write_all(request.as_bytes()).await.unwrap();
     until_queued(&a, "job", 1).await;
-    let patient = tokio::spawn({
-        let (address, client) = (a.url("/locks/job"), a.client.clone());
-        async move {
-            client
-                .post(address)
-                .json(&json!({ "owner": "patient", "ttl_seconds": TTL, "wait_ms": 30_000 }))
-                .send()
-                .await
-                .expect("the waiter's request")
-                .json::<Value>()
-                .await
-                .expect("a JSON answer")
-        }
-    });
+    let patient = wait_in_background(&a, "job", "patient");
     until_queued(&a, "job", 2).await;
     drop(quitter);
     // Leaving is prompt (the same loaded-machine margin as the hand-overs).
