@@ -14,10 +14,12 @@
 //! Layout: `plan` (what runs, in which order), `bench` (running the plan), `fencelock` (the
 //! server process), `process` (child processes, CPU and memory accounting), `load` (the load
 //! generator), `reference` (pgbench, Redis), `storage` (databases), `machine` (facts and
-//! the fdatasync rate), `stats`, `report`.
+//! the fdatasync rate), `stats`, `report`; `waiting` and `floor` are workloads of their own
+//! (`--waiting`, `--floor`).
 
 mod bench;
 mod fencelock;
+mod floor;
 mod load;
 mod machine;
 mod plan;
@@ -101,8 +103,14 @@ struct Options {
     /// Run only the waiting workload: 64 clients contending for 10 resources with
     /// `wait_ms`, against the same clients polling without it (`--seconds` per run, 3 with
     /// `--quick`; `--only` picks one store).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "floor")]
     waiting: bool,
+
+    /// Run only the HTTP floor: the SQLite store's cycles against cycles of two `GET
+    /// /healthz` (no store) on the same server and clients, at 1, 16 and 64 connections
+    /// (`--seconds`, `--rounds` and `--quick` apply).
+    #[arg(long)]
+    floor: bool,
 }
 
 impl Options {
@@ -154,28 +162,17 @@ fn main() -> ExitCode {
     if options.waiting {
         let seconds = if options.quick { 3 } else { options.seconds };
         let uses = |block| options.only.is_none_or(|b| b == block);
-        let result = runtime.block_on(async {
-            tokio::select! {
-                report = waiting::run(seconds, &databases, &binary, uses(Block::Postgres), uses(Block::Sqlite)) => report.map(Some),
-                name = interrupted() => {
-                    eprintln!("\n{name}: stopping and cleaning up");
-                    Ok(None)
-                }
-            }
-        });
-        runtime.block_on(databases.drop_all());
-        drop(runtime);
-        return match result {
-            Ok(Some(report)) => {
-                print!("{report}");
-                ExitCode::SUCCESS
-            }
-            Ok(None) => ExitCode::from(130),
-            Err(e) => {
-                eprintln!("fencelock-bench: {e:#}");
-                ExitCode::FAILURE
-            }
-        };
+        let report = waiting::run(
+            seconds,
+            &databases,
+            &binary,
+            uses(Block::Postgres),
+            uses(Block::Sqlite),
+        );
+        return print_report(runtime, &databases, report);
+    }
+    if options.floor {
+        return print_report(runtime, &databases, floor::run(&settings, &binary));
     }
     let result = runtime.block_on(async {
         tokio::select! {
@@ -201,6 +198,37 @@ fn main() -> ExitCode {
             } else {
                 ExitCode::SUCCESS
             }
+        }
+        Ok(None) => ExitCode::from(130),
+        Err(e) => {
+            eprintln!("fencelock-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs one of the single-workload modes and prints its report; on a signal, stops and
+/// cleans up.
+fn print_report(
+    runtime: tokio::runtime::Runtime,
+    databases: &Databases,
+    report: impl Future<Output = anyhow::Result<String>>,
+) -> ExitCode {
+    let result = runtime.block_on(async {
+        tokio::select! {
+            report = report => report.map(Some),
+            name = interrupted() => {
+                eprintln!("\n{name}: stopping and cleaning up");
+                Ok(None)
+            }
+        }
+    });
+    runtime.block_on(databases.drop_all());
+    drop(runtime);
+    match result {
+        Ok(Some(report)) => {
+            print!("{report}");
+            ExitCode::SUCCESS
         }
         Ok(None) => ExitCode::from(130),
         Err(e) => {
