@@ -169,16 +169,42 @@ fn main() -> ExitCode {
             uses(Block::Postgres),
             uses(Block::Sqlite),
         );
-        return print_report(runtime, &databases, report);
+        return finish(run_to_end(runtime, &databases, report), print_report);
     }
     if options.floor {
-        return print_report(runtime, &databases, floor::run(&settings, &binary));
+        let report = floor::run(&settings, &binary);
+        return finish(run_to_end(runtime, &databases, report), print_report);
     }
+    // On a signal the benchmark's future is dropped: its servers are killed and its temporary
+    // directory removed.
+    let outcome = run_to_end(
+        runtime,
+        &databases,
+        bench::run(&settings, &databases, &binary),
+    );
+    finish(outcome, |outcome| {
+        print!("{}", report::render(&outcome));
+        let failed = outcome.runs.iter().any(|r| r.outcome.is_err())
+            || outcome.idle.iter().any(|i| i.outcome.is_err());
+        if failed {
+            eprintln!("fencelock-bench: some runs failed (see the table)");
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        }
+    })
+}
+
+/// Runs `work` until it ends or a signal comes (`None`), then drops the benchmark's
+/// databases and the runtime, with every child process still running on it.
+fn run_to_end<T>(
+    runtime: tokio::runtime::Runtime,
+    databases: &Databases,
+    work: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<Option<T>> {
     let result = runtime.block_on(async {
         tokio::select! {
-            outcome = bench::run(&settings, &databases, &binary) => outcome.map(Some),
-            // The benchmark's future is dropped here: its servers are killed and its
-            // temporary directory removed; the databases are dropped below.
+            done = work => done.map(Some),
             name = interrupted() => {
                 eprintln!("\n{name}: stopping and cleaning up");
                 Ok(None)
@@ -187,18 +213,14 @@ fn main() -> ExitCode {
     });
     runtime.block_on(databases.drop_all());
     drop(runtime);
+    result
+}
+
+/// The exit status: `done`'s when the work ended, 130 when a signal stopped it, failure
+/// (with the error) when it failed.
+fn finish<T>(result: anyhow::Result<Option<T>>, done: impl FnOnce(T) -> ExitCode) -> ExitCode {
     match result {
-        Ok(Some(outcome)) => {
-            print!("{}", report::render(&outcome));
-            let failed = outcome.runs.iter().any(|r| r.outcome.is_err())
-                || outcome.idle.iter().any(|i| i.outcome.is_err());
-            if failed {
-                eprintln!("fencelock-bench: some runs failed (see the table)");
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            }
-        }
+        Ok(Some(outcome)) => done(outcome),
         Ok(None) => ExitCode::from(130),
         Err(e) => {
             eprintln!("fencelock-bench: {e:#}");
@@ -207,35 +229,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs one of the single-workload modes and prints its report; on a signal, stops and
-/// cleans up.
-fn print_report(
-    runtime: tokio::runtime::Runtime,
-    databases: &Databases,
-    report: impl Future<Output = anyhow::Result<String>>,
-) -> ExitCode {
-    let result = runtime.block_on(async {
-        tokio::select! {
-            report = report => report.map(Some),
-            name = interrupted() => {
-                eprintln!("\n{name}: stopping and cleaning up");
-                Ok(None)
-            }
-        }
-    });
-    runtime.block_on(databases.drop_all());
-    drop(runtime);
-    match result {
-        Ok(Some(report)) => {
-            print!("{report}");
-            ExitCode::SUCCESS
-        }
-        Ok(None) => ExitCode::from(130),
-        Err(e) => {
-            eprintln!("fencelock-bench: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+/// A single-workload mode's report, printed as it is.
+fn print_report(report: String) -> ExitCode {
+    print!("{report}");
+    ExitCode::SUCCESS
 }
 
 /// Resolves on SIGINT, SIGTERM or SIGHUP, with the signal's name.
