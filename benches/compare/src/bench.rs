@@ -435,7 +435,7 @@ impl Bench<'_> {
     }
 }
 
-fn load_figures(mut result: LoadResult, pattern: Pattern, rss: Option<u64>) -> Figures {
+pub fn load_figures(mut result: LoadResult, pattern: Pattern, rss: Option<u64>) -> Figures {
     let seconds = result.elapsed.as_secs_f64();
     let rate = match pattern {
         Pattern::Cycles => result.cycles as f64 / seconds,

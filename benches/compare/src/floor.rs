@@ -9,12 +9,12 @@ use std::fmt::Write as _;
 use anyhow::ensure;
 use hyper::{Method, StatusCode};
 
-use crate::bench::Settings;
+use crate::bench::{Settings, load_figures};
 use crate::fencelock::Binary;
 use crate::load::http::HttpClient;
 use crate::load::{self, LoadResult, LockClient, Pattern, Timing};
 use crate::plan::CONNECTIONS;
-use crate::stats::{Percentiles, median};
+use crate::stats::median;
 use crate::storage::Store;
 
 /// A client whose "acquire" and "release" are each one `GET /healthz`.
@@ -45,31 +45,10 @@ enum Side {
     Floor,
 }
 
-/// One run's figures.
-struct Figures {
-    cycles_per_s: f64,
-    latency: Option<Percentiles>,
-    /// CPU of the server and of the load generator per request, in microseconds.
-    server_us: Option<f64>,
-    client_us: f64,
-    machine: f64,
-    errors: u64,
-}
-
-impl Figures {
-    fn of(mut result: LoadResult) -> Self {
-        let seconds = result.elapsed.as_secs_f64();
-        let requests = result.request_us.len().max(1) as f64;
-        let per_request = |cores: f64| cores * seconds * 1e6 / requests;
-        Self {
-            cycles_per_s: result.cycles as f64 / seconds,
-            latency: Percentiles::of(&mut result.request_us),
-            server_us: result.cpu.server.map(per_request),
-            client_us: per_request(result.cpu.client),
-            machine: result.cpu.machine_busy,
-            errors: result.errors,
-        }
-    }
+/// CPU in microseconds per request, from `cores` busy while `cycles_per_s` cycles of two
+/// requests each were made (every cycle of both sides releases).
+fn per_request_us(cores: f64, cycles_per_s: f64) -> f64 {
+    cores * 1e6 / (2.0 * cycles_per_s)
 }
 
 /// Runs the SQLite store and the floor, alternated, at each connection count, and returns
@@ -112,8 +91,8 @@ pub async fn run(settings: &Settings, binary: &Binary) -> anyhow::Result<String>
                 eprintln!("floor: {connections} conn, {side:?}");
                 let result = side_load(side, server.port, server.pid(), connections, timing).await;
                 server.stop().await?;
-                let f = Figures::of(result?);
-                rates[side as usize].push(f.cycles_per_s);
+                let f = load_figures(result?, Pattern::Cycles, None);
+                rates[side as usize].push(f.rate);
                 let (p50, p99) = f.latency.map_or(("-".into(), "-".into()), |l| {
                     (format!("{:.2}", l.p50_ms), format!("{:.2}", l.p99_ms))
                 });
@@ -124,12 +103,18 @@ pub async fn run(settings: &Settings, binary: &Binary) -> anyhow::Result<String>
                         Side::Store => "SQLite store",
                         Side::Floor => "HTTP floor",
                     },
-                    f.cycles_per_s,
-                    f.server_us.map_or("-".into(), |us| format!("{us:.1}")),
-                    f.client_us,
-                    f.machine,
+                    f.rate,
+                    f.cpu.server.map_or("-".into(), |cores| format!(
+                        "{:.1}",
+                        per_request_us(cores, f.rate)
+                    )),
+                    per_request_us(f.cpu.client, f.rate),
+                    f.cpu.machine_busy,
                     f.errors,
                 );
+                if let Some(note) = &f.error_note {
+                    let _ = writeln!(report, "       {note}");
+                }
             }
         }
         if let (Some(store), Some(floor)) = (median(&rates[0]), median(&rates[1])) {
@@ -188,11 +173,11 @@ mod tests {
             },
             ..LoadResult::default()
         };
-        let f = Figures::of(result);
-        assert!((f.cycles_per_s - 500.0).abs() < 1e-9);
+        let f = load_figures(result, Pattern::Cycles, None);
+        assert!((f.rate - 500.0).abs() < 1e-9);
         // 1.5 cores for 2 s over 2,000 requests: 1.5 ms each.
-        assert!((f.server_us.unwrap() - 1_500.0).abs() < 1e-9);
-        assert!((f.client_us - 500.0).abs() < 1e-9);
+        assert!((per_request_us(f.cpu.server.unwrap(), f.rate) - 1_500.0).abs() < 1e-9);
+        assert!((per_request_us(f.cpu.client, f.rate) - 500.0).abs() < 1e-9);
         assert_eq!(f.latency.unwrap().p50_ms, 0.1);
     }
 }
