@@ -82,6 +82,8 @@ pub struct Outcome {
     /// The disk's fdatasync rate, which bounds what the syncing stores can do.
     pub sync: Option<Result<SyncRate, String>>,
     pub binary: Binary,
+    /// The build compared with `binary`, if one was given.
+    pub baseline: Option<Binary>,
     /// What PostgreSQL and the references are; `None` where not installed or not used.
     pub postgres: Option<String>,
     pub pgbench: Option<String>,
@@ -94,11 +96,12 @@ pub struct Outcome {
     pub started: Instant,
 }
 
-/// Runs the whole plan.
+/// Runs the whole plan; with a `baseline` build, that build too, on stores of its own.
 pub async fn run(
     settings: &Settings,
     databases: &Databases,
     binary: &Binary,
+    baseline: Option<&Binary>,
 ) -> anyhow::Result<Outcome> {
     let started = Instant::now();
     let temp = tempfile::Builder::new()
@@ -109,7 +112,7 @@ pub async fn run(
         eprintln!("temporary files (kept): {}", temp.path().display());
     }
     let dir = temp.path();
-    let rows = rows(settings.only);
+    let rows = rows(settings.only, baseline.is_some());
     let mut notes = Vec::new();
     let pid = std::process::id();
     let uses = |block| settings.only.is_none_or(|b| b == block);
@@ -140,6 +143,7 @@ pub async fn run(
     );
 
     let mut stores: Vec<(StoreKey, Store)> = Vec::new();
+    let mut baseline_stores: Vec<(StoreKey, Store)> = Vec::new();
     let mut pgbench = None;
     let mut redis = None;
     if uses(Block::Postgres) {
@@ -149,6 +153,12 @@ pub async fn run(
             .create(&format!("fencelock_bench_{pid}_loaded"))
             .await?;
         stores.push((StoreKey::PostgresLoaded, Store::Postgres { url }));
+        if baseline.is_some() {
+            let url = databases
+                .create(&format!("fencelock_bench_{pid}_baseline"))
+                .await?;
+            baseline_stores.push((StoreKey::Postgres, Store::Postgres { url }));
+        }
         pgbench = Pgbench::prepare(
             databases,
             &format!("fencelock_bench_{pid}_pgbench"),
@@ -165,6 +175,12 @@ pub async fn run(
             StoreKey::SqliteLoaded,
             Store::sqlite(&dir.join("sqlite-loaded"))?,
         ));
+        if baseline.is_some() {
+            baseline_stores.push((
+                StoreKey::Sqlite,
+                Store::sqlite(&dir.join("sqlite-baseline"))?,
+            ));
+        }
         redis = RedisProgram::find();
         if redis.is_none() {
             notes.push("redis-server is not installed (not on PATH): the SQLite store is measured without its reference".to_owned());
@@ -192,11 +208,20 @@ pub async fn run(
             ));
         }
     }
+    if let Some(baseline) = baseline {
+        for (key, store) in &baseline_stores {
+            baseline
+                .migrate(store, &logs.join(format!("migrate-baseline-{key:?}.log")))
+                .await
+                .with_context(|| format!("migrating the baseline build's {key:?} store"))?;
+        }
+    }
 
     let mut bench = Bench {
         settings,
         binary,
         stores,
+        baseline: baseline.map(|binary| (binary, baseline_stores)),
         pgbench: pgbench.as_ref(),
         redis: redis.as_ref(),
         logs,
@@ -279,6 +304,7 @@ pub async fn run(
         machine: Machine::read(),
         sync,
         binary: binary.clone(),
+        baseline: baseline.cloned(),
         postgres,
         pgbench: pgbench.map(|p| p.version.clone()),
         redis: redis.map(|r| r.version),
@@ -294,6 +320,8 @@ struct Bench<'a> {
     settings: &'a Settings,
     binary: &'a Binary,
     stores: Vec<(StoreKey, Store)>,
+    /// The baseline build and its stores.
+    baseline: Option<(&'a Binary, Vec<(StoreKey, Store)>)>,
     pgbench: Option<&'a Pgbench>,
     redis: Option<&'a RedisProgram>,
     logs: PathBuf,
@@ -306,6 +334,7 @@ impl Bench<'_> {
     fn available(&self, side: Side) -> bool {
         match side {
             Side::Fencelock(store) => self.store(store).is_some(),
+            Side::Baseline(store) => self.baseline(store).is_some(),
             Side::Pgbench => self.pgbench.is_some(),
             Side::Redis => self.redis.is_some(),
         }
@@ -313,6 +342,13 @@ impl Bench<'_> {
 
     fn store(&self, key: StoreKey) -> Option<&Store> {
         self.stores.iter().find(|(k, _)| *k == key).map(|(_, s)| s)
+    }
+
+    /// The baseline build and its store `key`.
+    fn baseline(&self, key: StoreKey) -> Option<(&Binary, &Store)> {
+        let (binary, stores) = self.baseline.as_ref()?;
+        let store = stores.iter().find(|(k, _)| *k == key).map(|(_, s)| s)?;
+        Some((binary, store))
     }
 
     fn timing(&self) -> Timing {
@@ -345,7 +381,18 @@ impl Bench<'_> {
         connections: usize,
     ) -> anyhow::Result<Figures> {
         match side {
-            Side::Fencelock(store) => self.fencelock(store, pattern, connections).await,
+            Side::Fencelock(key) => {
+                let store = self.store(key).context("store not set up")?;
+                let log = self.log(&format!("fencelock-{key:?}"));
+                self.fencelock(self.binary, store, &log, pattern, connections)
+                    .await
+            }
+            Side::Baseline(key) => {
+                let (binary, store) = self.baseline(key).context("store not set up")?;
+                let log = self.log(&format!("baseline-{key:?}"));
+                self.fencelock(binary, store, &log, pattern, connections)
+                    .await
+            }
             Side::Pgbench => {
                 let pgbench = self.pgbench.context("pgbench is not installed")?;
                 let result = pgbench
@@ -362,16 +409,17 @@ impl Bench<'_> {
         }
     }
 
+    /// One run of `binary` serving `store`, its log in `log`.
     async fn fencelock(
         &self,
-        key: StoreKey,
+        binary: &Binary,
+        store: &Store,
+        log: &Path,
         pattern: Pattern,
         connections: usize,
     ) -> anyhow::Result<Figures> {
-        let store = self.store(key).context("store not set up")?;
         store.reset().await?;
-        let log = self.log(&format!("fencelock-{key:?}"));
-        let mut server = self.binary.serve(store, &log).await?;
+        let mut server = binary.serve(store, log).await?;
         let mut clients = Vec::with_capacity(connections);
         for _ in 0..connections {
             clients.push(HttpClient::connect(server.port).await?);
@@ -388,7 +436,7 @@ impl Bench<'_> {
         server.check_alive()?;
         let rss = server.peak_rss_kib().ok();
         server.stop().await?;
-        self.discard(&log);
+        self.discard(log);
         Ok(load_figures(result, pattern, rss))
     }
 

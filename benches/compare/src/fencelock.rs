@@ -53,6 +53,18 @@ impl Binary {
                 )
             }
         };
+        Self::with_version(path, provenance)
+    }
+
+    /// The build given with `--baseline-bin`.
+    pub fn given_as_baseline(path: &Path) -> anyhow::Result<Self> {
+        Self::with_version(
+            path.to_owned(),
+            "given with --baseline-bin; its build profile is not checked".to_owned(),
+        )
+    }
+
+    fn with_version(path: PathBuf, provenance: String) -> anyhow::Result<Self> {
         let output = Command::new(&path)
             .arg("--version")
             .output()

@@ -92,6 +92,12 @@ struct Options {
     #[arg(long)]
     fencelock_bin: Option<PathBuf>,
 
+    /// Another fencelock binary (the build before a change, say) to run beside the first on
+    /// every row with an empty store, on stores of its own, alternated with the other sides:
+    /// the summary then also gives each row's ratio of the two builds, measured in one run.
+    #[arg(long, conflicts_with_all = ["waiting", "floor"])]
+    baseline_bin: Option<PathBuf>,
+
     /// Worker threads of the load generator.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
     client_threads: u16,
@@ -148,6 +154,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let baseline = match options
+        .baseline_bin
+        .as_deref()
+        .map(Binary::given_as_baseline)
+    {
+        None => None,
+        Some(Ok(baseline)) => Some(baseline),
+        Some(Err(e)) => {
+            eprintln!("fencelock-bench: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(usize::from(options.client_threads))
         .enable_all()
@@ -180,7 +198,7 @@ fn main() -> ExitCode {
     let outcome = run_to_end(
         runtime,
         &databases,
-        bench::run(&settings, &databases, &binary),
+        bench::run(&settings, &databases, &binary, baseline.as_ref()),
     );
     finish(outcome, |outcome| {
         print!("{}", report::render(&outcome));

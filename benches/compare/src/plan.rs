@@ -60,6 +60,8 @@ pub fn count(n: u64) -> String {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
     Fencelock(StoreKey),
+    /// The build given with `--baseline-bin`, on a store of its own.
+    Baseline(StoreKey),
     /// pgbench with the reference script of the row's pattern.
     Pgbench,
     /// Redis with `appendfsync always`.
@@ -70,6 +72,9 @@ impl Side {
     pub fn describe(self, pattern: Pattern, live_leases: u64) -> String {
         match (self, pattern) {
             (Self::Fencelock(store), _) => store.describe(live_leases),
+            (Self::Baseline(store), _) => {
+                format!("baseline build, {} store", store.store_name())
+            }
             (Self::Pgbench, Pattern::Cycles) => "pgbench, script A".to_owned(),
             (Self::Pgbench, Pattern::Hot) => "pgbench, script B".to_owned(),
             (Self::Redis, _) => "Redis, appendfsync always".to_owned(),
@@ -112,8 +117,9 @@ pub const CONNECTIONS: [usize; 3] = [1, 16, 64];
 /// Where the hot-resource and the many-leases comparisons are made.
 pub const BUSY: usize = 16;
 
-/// The rows, in the order they run; `only` keeps one block.
-pub fn rows(only: Option<Block>) -> Vec<Row> {
+/// The rows, in the order they run; `only` keeps one block. With a `baseline` build, each row
+/// that runs fencelock on an empty store runs the baseline build there too, as one more side.
+pub fn rows(only: Option<Block>, baseline: bool) -> Vec<Row> {
     use StoreKey::{Postgres, PostgresLoaded, Sqlite, SqliteLoaded};
     let mut rows = Vec::new();
     if only.is_none_or(|b| b == Block::Postgres) {
@@ -135,6 +141,19 @@ pub fn rows(only: Option<Block>) -> Vec<Row> {
             (Sqlite, SqliteLoaded),
             Side::Redis,
         ));
+    }
+    if baseline {
+        for row in &mut rows {
+            let empty = row.sides.iter().find_map(|side| match side {
+                Side::Fencelock(key @ (Postgres | Sqlite)) => Some(*key),
+                _ => None,
+            });
+            if let Some(key) = empty {
+                // After the reference: within a round, the reference runs between the two builds.
+                row.sides
+                    .insert(2.min(row.sides.len()), Side::Baseline(key));
+            }
+        }
     }
     rows
 }
@@ -167,7 +186,7 @@ mod tests {
 
     #[test]
     fn the_full_plan_compares_every_store_at_every_connection_count() {
-        let all = rows(None);
+        let all = rows(None, false);
         assert_eq!(all.len(), 7);
         for block in [Block::Postgres, Block::Sqlite] {
             for c in CONNECTIONS {
@@ -176,7 +195,31 @@ mod tests {
                     && r.pattern == Pattern::Cycles));
             }
         }
-        assert_eq!(rows(Some(Block::Sqlite)).len(), 3);
+        assert_eq!(rows(Some(Block::Sqlite), false).len(), 3);
+        assert!(
+            all.iter()
+                .flat_map(|r| &r.sides)
+                .all(|s| !matches!(s, Side::Baseline(_)))
+        );
+    }
+
+    #[test]
+    fn a_baseline_build_runs_beside_every_empty_store() {
+        for row in rows(None, true) {
+            let empty = row.sides[0];
+            let Side::Fencelock(key) = empty else {
+                panic!("{} does not start with fencelock", row.describe());
+            };
+            // Within a round the reference runs between the two builds.
+            assert_eq!(row.sides[2], Side::Baseline(key), "{}", row.describe());
+            assert_eq!(
+                row.sides
+                    .iter()
+                    .filter(|s| matches!(s, Side::Baseline(_)))
+                    .count(),
+                1
+            );
+        }
     }
 
     #[test]

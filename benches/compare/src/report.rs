@@ -43,6 +43,17 @@ fn header(out: &mut String, o: &Outcome) {
             ),
         ),
     ];
+    if let Some(baseline) = &o.baseline {
+        facts.push((
+            "baseline",
+            format!(
+                "{} ({}; {})",
+                baseline.path.display(),
+                baseline.version,
+                baseline.provenance
+            ),
+        ));
+    }
     if let Some(pg) = &o.postgres {
         facts.push(("PostgreSQL", pg.clone()));
     }
@@ -375,6 +386,7 @@ fn summary(out: &mut String, o: &Outcome) {
             s.compare(label, row, sides, figure, target(c));
         }
     }
+    builds(&mut s);
     for (block, key) in [
         (Block::Postgres, StoreKey::Postgres),
         (Block::Sqlite, StoreKey::Sqlite),
@@ -429,6 +441,37 @@ fn summary(out: &mut String, o: &Outcome) {
     }
 }
 
+/// The lines of the two builds: in every row where the baseline build ran, this build against
+/// it, on the row's rate and on latency.
+fn builds(s: &mut Summary<'_>) {
+    let o = s.o;
+    for (index, row) in o.rows.iter().enumerate() {
+        let Some(key) = row.sides.iter().find_map(|side| match side {
+            Side::Baseline(key) => Some(*key),
+            _ => None,
+        }) else {
+            continue;
+        };
+        let (load, rate) = match row.pattern {
+            Pattern::Cycles => (String::new(), Figure::Rate("cycles/s")),
+            Pattern::Hot => (
+                ", 10 hot resources".to_owned(),
+                Figure::Rate("won acquisitions/s"),
+            ),
+        };
+        for figure in [rate, Figure::Latency] {
+            let label = format!(
+                "{} store, this build vs baseline build{load}, {} conn: {}",
+                key.store_name(),
+                row.connections,
+                figure.name()
+            );
+            let sides = (Side::Fencelock(key), Side::Baseline(key));
+            s.compare(label, Some(index), sides, figure, None);
+        }
+    }
+}
+
 fn legend(out: &mut String, o: &Outcome) {
     let lines = [
         "A cycle is one acquire plus one release. fencelock runs over HTTP/1.1 keep-alive, one connection per client, each \
@@ -445,6 +488,11 @@ fn legend(out: &mut String, o: &Outcome) {
          core count, the machine was saturated and the figures are noisy.",
     ];
     for line in lines {
+        let _ = writeln!(out, "{}", wrap(line, 100));
+    }
+    if o.baseline.is_some() {
+        let line = "this build vs baseline build: the build given with --baseline-bin ran on stores of its own, \
+                    its runs alternated with the others; its figures stand in the reference column.";
         let _ = writeln!(out, "{}", wrap(line, 100));
     }
     let _ = writeln!(
@@ -590,9 +638,8 @@ mod tests {
         assert_eq!(Target::AtMost(1.5).judge(None, ""), "<= 1.5");
     }
 
-    /// The full plan with nothing measured: the summary's lines and their targets.
-    #[test]
-    fn the_summary_lists_every_comparison_in_order() {
+    /// The full plan with nothing measured, with or without a baseline build.
+    fn unmeasured(baseline: bool) -> Outcome {
         let settings = crate::bench::Settings {
             seconds: 3,
             rounds: 1,
@@ -602,29 +649,33 @@ mod tests {
             only: None,
             keep_temp: false,
         };
-        let o = Outcome {
+        let binary = crate::fencelock::Binary {
+            path: "fencelock".into(),
+            provenance: String::new(),
+            version: String::new(),
+        };
+        Outcome {
             settings,
             machine: crate::machine::Machine::read(),
             sync: None,
-            binary: crate::fencelock::Binary {
-                path: "fencelock".into(),
-                provenance: String::new(),
-                version: String::new(),
-            },
+            baseline: baseline.then(|| binary.clone()),
+            binary,
             postgres: None,
             pgbench: None,
             redis: None,
             notes: Vec::new(),
-            rows: crate::plan::rows(None),
+            rows: crate::plan::rows(None, baseline),
             runs: Vec::new(),
             idle: Vec::new(),
             started: std::time::Instant::now(),
-        };
+        }
+    }
+
+    /// Each line of the summary: its first cell and its target, if it has one.
+    fn summary_lines(o: &Outcome) -> Vec<String> {
         let mut out = String::new();
-        summary(&mut out, &o);
-        // Each line's first cell and its target, if it has one.
-        let lines: Vec<String> = out
-            .lines()
+        summary(&mut out, o);
+        out.lines()
             .skip(3)
             .map(|line| {
                 let cells: Vec<&str> = line.split("  ").map(str::trim).collect();
@@ -632,7 +683,13 @@ mod tests {
                 let line = format!("{} | {}", cells[0], target.unwrap_or_default());
                 line.trim_end().to_owned()
             })
-            .collect();
+            .collect()
+    }
+
+    /// The full plan with nothing measured: the summary's lines and their targets.
+    #[test]
+    fn the_summary_lists_every_comparison_in_order() {
+        let lines = summary_lines(&unmeasured(false));
         let expected = "\
 PostgreSQL store vs pgbench script A, 1 conn: cycles/s | >= 0.8
 PostgreSQL store vs pgbench script A, 16 conn: cycles/s | >= 1
@@ -655,6 +712,38 @@ PostgreSQL store: server peak RSS with 1000 idle connections | <= 50 MB
 SQLite store: server peak RSS after the 64-connection runs | <= 50 MB
 SQLite store: server peak RSS with 1000 idle connections | <= 50 MB";
         assert_eq!(lines, expected.lines().collect::<Vec<_>>());
+    }
+
+    /// With a baseline build, the two builds are compared in every row it ran in, after the
+    /// references and with no target.
+    #[test]
+    fn a_baseline_build_gets_a_line_per_row_and_figure() {
+        let without = summary_lines(&unmeasured(false));
+        let with = summary_lines(&unmeasured(true));
+        let builds: Vec<&str> = with
+            .iter()
+            .filter(|line| !without.contains(line))
+            .map(String::as_str)
+            .collect();
+        let expected = "\
+PostgreSQL store, this build vs baseline build, 1 conn: cycles/s |
+PostgreSQL store, this build vs baseline build, 1 conn: latency |
+PostgreSQL store, this build vs baseline build, 16 conn: cycles/s |
+PostgreSQL store, this build vs baseline build, 16 conn: latency |
+PostgreSQL store, this build vs baseline build, 64 conn: cycles/s |
+PostgreSQL store, this build vs baseline build, 64 conn: latency |
+PostgreSQL store, this build vs baseline build, 10 hot resources, 16 conn: won acquisitions/s |
+PostgreSQL store, this build vs baseline build, 10 hot resources, 16 conn: latency |
+SQLite store, this build vs baseline build, 1 conn: cycles/s |
+SQLite store, this build vs baseline build, 1 conn: latency |
+SQLite store, this build vs baseline build, 16 conn: cycles/s |
+SQLite store, this build vs baseline build, 16 conn: latency |
+SQLite store, this build vs baseline build, 64 conn: cycles/s |
+SQLite store, this build vs baseline build, 64 conn: latency |";
+        assert_eq!(builds, expected.lines().collect::<Vec<_>>());
+        // Everything else is as without it, in the same order.
+        let rest: Vec<&String> = with.iter().filter(|l| without.contains(l)).collect();
+        assert_eq!(rest, without.iter().collect::<Vec<_>>());
     }
 
     #[test]
