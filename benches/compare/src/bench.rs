@@ -341,14 +341,13 @@ impl Bench<'_> {
     }
 
     fn store(&self, key: StoreKey) -> Option<&Store> {
-        self.stores.iter().find(|(k, _)| *k == key).map(|(_, s)| s)
+        store_in(&self.stores, key)
     }
 
     /// The baseline build and its store `key`.
     fn baseline(&self, key: StoreKey) -> Option<(&Binary, &Store)> {
         let (binary, stores) = self.baseline.as_ref()?;
-        let store = stores.iter().find(|(k, _)| *k == key).map(|(_, s)| s)?;
-        Some((binary, store))
+        Some((*binary, store_in(stores, key)?))
     }
 
     fn timing(&self) -> Timing {
@@ -481,6 +480,10 @@ impl Bench<'_> {
         self.discard(&log);
         Ok(rss)
     }
+}
+
+fn store_in(stores: &[(StoreKey, Store)], key: StoreKey) -> Option<&Store> {
+    stores.iter().find(|(k, _)| *k == key).map(|(_, s)| s)
 }
 
 pub fn load_figures(mut result: LoadResult, pattern: Pattern, rss: Option<u64>) -> Figures {

@@ -158,10 +158,10 @@ fn main() -> ExitCode {
         .baseline_bin
         .as_deref()
         .map(Binary::given_as_baseline)
+        .transpose()
     {
-        None => None,
-        Some(Ok(baseline)) => Some(baseline),
-        Some(Err(e)) => {
+        Ok(baseline) => baseline,
+        Err(e) => {
             eprintln!("fencelock-bench: {e:#}");
             return ExitCode::FAILURE;
         }

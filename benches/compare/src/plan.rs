@@ -127,12 +127,13 @@ pub fn rows(only: Option<Block>, baseline: bool) -> Vec<Row> {
             Block::Postgres,
             (Postgres, PostgresLoaded),
             Side::Pgbench,
+            baseline,
         ));
         rows.push(Row {
             block: Block::Postgres,
             pattern: Pattern::Hot,
             connections: BUSY,
-            sides: vec![Side::Fencelock(Postgres), Side::Pgbench],
+            sides: compared(Postgres, Side::Pgbench, baseline),
         });
     }
     if only.is_none_or(|b| b == Block::Sqlite) {
@@ -140,22 +141,21 @@ pub fn rows(only: Option<Block>, baseline: bool) -> Vec<Row> {
             Block::Sqlite,
             (Sqlite, SqliteLoaded),
             Side::Redis,
+            baseline,
         ));
     }
-    if baseline {
-        for row in &mut rows {
-            let empty = row.sides.iter().find_map(|side| match side {
-                Side::Fencelock(key @ (Postgres | Sqlite)) => Some(*key),
-                _ => None,
-            });
-            if let Some(key) = empty {
-                // After the reference: within a round, the reference runs between the two builds.
-                row.sides
-                    .insert(2.min(row.sides.len()), Side::Baseline(key));
-            }
-        }
-    }
     rows
+}
+
+/// The sides every row starts with: fencelock on the `empty` store, its `reference`, and the
+/// `baseline` build on that store if there is one (after the reference, so that within a round
+/// the reference runs between the two builds).
+fn compared(empty: StoreKey, reference: Side, baseline: bool) -> Vec<Side> {
+    let mut sides = vec![Side::Fencelock(empty), reference];
+    if baseline {
+        sides.push(Side::Baseline(empty));
+    }
+    sides
 }
 
 /// A block's cycle rows, one per connection count: the store (empty, then `loaded` with live
@@ -165,9 +165,10 @@ fn cycle_rows(
     block: Block,
     (empty, loaded): (StoreKey, StoreKey),
     reference: Side,
+    baseline: bool,
 ) -> impl Iterator<Item = Row> {
     CONNECTIONS.into_iter().map(move |connections| {
-        let mut sides = vec![Side::Fencelock(empty), reference];
+        let mut sides = compared(empty, reference, baseline);
         if connections == BUSY {
             sides.push(Side::Fencelock(loaded));
         }
