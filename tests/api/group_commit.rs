@@ -467,6 +467,49 @@ async fn a_refusal_does_not_wait_for_the_row_lock() {
     x.release().await;
 }
 
+/// One committer, the lead, takes the batches; while its batch waits for a row that another
+/// session holds, the standby decides the requests queued behind it, so one held-up batch
+/// does not hold up the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_behind_a_held_up_batch_are_decided_meanwhile() {
+    let app = TestApp::spawn(StoreKind::Postgres).await;
+    granted(
+        app.store
+            .acquire(&acquire("gate", "gatekeeper"), in_time())
+            .await,
+    );
+    let gate = RowLock::take(&app.db, "gate").await;
+    let store = app.store.clone();
+    let held_up = tokio::spawn(async move {
+        store
+            .acquire(&acquire("gate", "gatekeeper"), in_time())
+            .await
+    });
+    wait_for_waiters(&gate, 1).await;
+
+    let others = join_all((0..5).map(|i| {
+        let req = acquire(&format!("a-{i}"), "o");
+        let store = &app.store;
+        async move { store.acquire(&req, in_time()).await }
+    }))
+    .await;
+    for outcome in others {
+        granted(outcome);
+    }
+    // Had they waited for the lead, they would have been answered only once its batch gave up
+    // waiting for the row (after a second) and was refused.
+    let metrics = app.metrics().await;
+    assert_eq!(
+        metrics.value("fencelock_store_batches_refused_total", &[]),
+        0.0,
+        "the others waited until the held-up batch gave up"
+    );
+    assert!(!held_up.is_finished(), "the gate was decided while locked");
+    gate.release().await;
+    let (_, how) = granted(held_up.await.unwrap());
+    assert_eq!(how, Acquisition::Reacquired);
+}
+
 /// Thirty-two tasks acquire and release five hot resources, in every order: batches running
 /// at the same time keep meeting on the same rows, and since each takes its rows in resource
 /// order, none ever deadlocks (a deadlock would make the database refuse a batch). Every

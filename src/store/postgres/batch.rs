@@ -2,12 +2,15 @@
 //! statement (`fencelock_apply`, migration V5), in one transaction, with one commit and one
 //! round trip for all of them.
 //!
-//! Requests are queued; a few committers take turns at the queue. A committer takes the first
-//! request that comes and whatever else is queued at that moment (up to the batch maximum),
-//! sends them as one statement, and answers each request once the commit is done. There is no
-//! waiting window: a request that finds a committer idle goes at once, as a batch of one;
-//! under load, requests queue while the committers are busy and the batches grow by
-//! themselves.
+//! Requests are queued, and one committer, the lead, takes them: the first request that comes
+//! and whatever else is queued at that moment (up to the batch maximum), sent as one
+//! statement; each request is answered once the commit is done. There is no waiting window: a
+//! request that finds the lead idle goes at once, as a batch of one; under load, requests
+//! queue while the lead's batch runs and the next batch grows by itself. One batch at a time
+//! makes the batches as large as the load allows, and a batch's cost to the database is
+//! mostly per statement, not per request. A standby committer takes the queued requests only
+//! while the lead has been stuck on one batch for [`STANDBY_AFTER`] (a row held from outside,
+//! a slow database), so that one slow batch does not hold up all the others.
 //!
 //! What holds:
 //! - Each request is decided by the rules of its single statement, against the state left by
@@ -35,7 +38,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use futures_util::FutureExt as _;
 use prometheus::{Histogram, IntCounter};
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 use tokio_postgres::Row;
 use tokio_postgres::error::Severity;
 use tokio_postgres::types::{FromSql, ToSql};
@@ -49,10 +52,15 @@ use crate::domain::{
 use crate::metrics::{self, Registry};
 use crate::store::{Deadline, StoreError};
 
-/// Committers per store (fewer with a smaller pool). Two keep one batch being collected and
-/// sent while the other waits for its commit; each holds one pooled connection while it
-/// works.
+/// Committers per store: the lead and the standby (only the lead with a pool of one); each
+/// holds one pooled connection while it works.
 const COMMITTERS: usize = 2;
+
+/// How long the lead may be on one batch before the standby takes the requests queued behind
+/// it. Far above a batch's usual time (a statement and a commit: about a millisecond, a few
+/// under load), so that the standby works only when the lead is held up, by a row lock or a
+/// database that has slowed down.
+const STANDBY_AFTER: Duration = Duration::from_millis(20);
 
 /// Longest a batch waits for one row lock (less with a short store timeout, see
 /// [`lock_wait`]). Lease rows are locked only by single statements, each its own short
@@ -116,9 +124,12 @@ impl Batcher {
             jobs: Mutex::new(jobs),
             batch_max,
             metrics,
+            lead: std::sync::Mutex::new(Lead::default()),
+            lead_took: Notify::new(),
         });
-        for _ in 0..pool_size.clamp(1, COMMITTERS) {
-            DRIVERS.spawn(committers.clone().serve());
+        DRIVERS.spawn(committers.clone().lead());
+        if pool_size.clamp(1, COMMITTERS) > 1 {
+            DRIVERS.spawn(committers.standby());
         }
         Self { queue }
     }
@@ -272,6 +283,21 @@ struct Committers {
     jobs: Mutex<mpsc::UnboundedReceiver<Job>>,
     batch_max: usize,
     metrics: BatchMetrics,
+    /// What the lead is doing, for the standby.
+    lead: std::sync::Mutex<Lead>,
+    /// Woken when the lead takes a batch or stops.
+    lead_took: Notify,
+}
+
+/// The lead committer's state, as the standby sees it.
+#[derive(Clone, Copy, Default)]
+struct Lead {
+    /// Batches the lead has taken.
+    batches: u64,
+    /// When it took the batch it is on; `None` while it waits for requests.
+    since: Option<Instant>,
+    /// The queue is closed and empty: the lead is done.
+    stopped: bool,
 }
 
 /// Why a batch got no answers.
@@ -301,18 +327,72 @@ impl From<tokio_postgres::Error> for Failure {
 }
 
 impl Committers {
-    /// Takes batches off the queue until the store is gone and the queue is empty.
-    async fn serve(self: Arc<Self>) {
+    /// The lead: takes batches off the queue until the store is gone and the queue is empty.
+    async fn lead(self: Arc<Self>) {
         while let Some(batch) = self.next_batch().await {
-            // A panic is a bug; it drops the batch's answers (its requests get `503`), not
-            // the committer.
-            if AssertUnwindSafe(self.commit(batch))
-                .catch_unwind()
-                .await
-                .is_err()
-            {
-                tracing::error!("a PostgreSQL batch panicked; its requests were answered 503");
+            self.update_lead(|lead| {
+                lead.batches += 1;
+                lead.since = Some(Instant::now());
+            });
+            self.lead_took.notify_one();
+            self.commit_guarded(batch).await;
+            self.update_lead(|lead| lead.since = None);
+        }
+        self.update_lead(|lead| lead.stopped = true);
+        self.lead_took.notify_one();
+    }
+
+    /// The standby: takes batches off the queue only while the lead has been on one batch for
+    /// [`STANDBY_AFTER`] or longer.
+    async fn standby(self: Arc<Self>) {
+        loop {
+            let seen = self.lead_now();
+            if seen.stopped {
+                return;
             }
+            let Some(since) = seen.since else {
+                // A wake-up stored while nobody waited is kept, so a batch taken between the
+                // look and the wait is not missed.
+                self.lead_took.notified().await;
+                continue;
+            };
+            tokio::time::sleep_until((since + STANDBY_AFTER).into()).await;
+            let now = self.lead_now();
+            if now.batches != seen.batches || now.since.is_none() {
+                continue;
+            }
+            match self.next_batch().await {
+                Some(batch) => self.commit_guarded(batch).await,
+                None => return,
+            }
+        }
+    }
+
+    fn lead_now(&self) -> Lead {
+        *self
+            .lead
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn update_lead(&self, change: impl FnOnce(&mut Lead)) {
+        change(
+            &mut self
+                .lead
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+    }
+
+    async fn commit_guarded(&self, batch: Vec<Job>) {
+        // A panic is a bug; it drops the batch's answers (its requests get `503`), not the
+        // committer.
+        if AssertUnwindSafe(self.commit(batch))
+            .catch_unwind()
+            .await
+            .is_err()
+        {
+            tracing::error!("a PostgreSQL batch panicked; its requests were answered 503");
         }
     }
 
