@@ -11,7 +11,9 @@
 -- right after each change the trigger would fire for, and announces the change the same way;
 -- the notifications are delivered at the commit either way. The trigger stays, for every
 -- other writer of lease rows; it skips the rows changed while `fencelock_apply` runs, which
--- sets `fencelock.announcing` for as long as it runs (a `SET` clause of the function).
+-- sets `fencelock.announcing` for as long as it runs (a `SET` clause of the function, about
+-- a microsecond per call). In the same pgbench runs, alternated with V15: 270 and 231 µs per
+-- cycle, against 298 and 253 µs.
 --
 -- The rows written and the answers are the same as in V14.
 
