@@ -8,8 +8,9 @@
 -- alternated), the database spent 352 and 359 µs of CPU per cycle with the trigger and 300
 -- and 287 µs with it disabled. The decision now asks the same question (is a waiter or a
 -- watcher registered for the resource?) with the same query, as a statement of its own body,
--- right after each change the trigger would fire for, and announces the change the same way;
--- the notifications are delivered at the commit either way. The trigger stays, for every
+-- once it has decided a request that made a change the trigger fires for (an insert, a delete
+-- or a new fence: at most one per request), and announces the change the same way; the
+-- notifications are delivered at the commit either way. The trigger stays, for every
 -- other writer of lease rows; it skips the rows changed while `fencelock_apply` runs, which
 -- sets `fencelock.announcing` for as long as it runs (a `SET` clause of the function, about
 -- a microsecond per call). In the same pgbench runs, alternated with V15: 270 and 231 µs per
@@ -62,6 +63,7 @@ DECLARE
     head_token text;
     head_delay integer;
     head_ends timestamptz;
+    changed boolean; -- V16
 BEGIN
     PERFORM set_config('lock_timeout', p_lock_wait_ms::text, true);
     FOR i IN 1 .. cardinality(p_resources) LOOP
@@ -93,6 +95,7 @@ BEGIN
                 CONTINUE;
             END IF;
         END IF;
+        changed := false; -- V16
         -- Repeated only when an acquisition's insert lost a race with another insert of the
         -- same resource: the next look sees the winner's row and decides again.
         LOOP
@@ -141,11 +144,7 @@ BEGIN
                         lock_delay_ms = coalesce(p_lock_delays[i], 0)
                     WHERE l.resource = v_resource
                     RETURNING l.fence INTO granted;
-                    IF EXISTS (SELECT FROM lease_waiters w WHERE w.resource = v_resource -- V16
-                               UNION ALL -- V16
-                               SELECT FROM lease_watchers w WHERE w.resource = v_resource) THEN -- V16
-                        PERFORM pg_notify('fencelock_changes', v_resource); -- V16
-                    END IF; -- V16
+                    changed := true; -- V16
                     IF live OR held_by <> v_owner THEN
                         UPDATE lease_history h
                         SET end_kind = CASE WHEN live THEN 'released' ELSE 'taken_over' END,
@@ -166,11 +165,7 @@ BEGIN
                     ON CONFLICT (resource) DO NOTHING
                     RETURNING l.fence INTO granted;
                     CONTINUE WHEN NOT FOUND;
-                    IF EXISTS (SELECT FROM lease_waiters w WHERE w.resource = v_resource -- V16
-                               UNION ALL -- V16
-                               SELECT FROM lease_watchers w WHERE w.resource = v_resource) THEN -- V16
-                        PERFORM pg_notify('fencelock_changes', v_resource); -- V16
-                    END IF; -- V16
+                    changed := true; -- V16
                     -- The insert may have waited for another insert of this resource,
                     -- whose lease may have been released meanwhile: the stamp is the clock
                     -- after it.
@@ -237,11 +232,7 @@ BEGIN
                     FOR UPDATE;
                     IF head_owner IS NULL THEN
                         DELETE FROM leases l WHERE l.resource = v_resource;
-                        IF EXISTS (SELECT FROM lease_waiters w WHERE w.resource = v_resource -- V16
-                                   UNION ALL -- V16
-                                   SELECT FROM lease_watchers w WHERE w.resource = v_resource) THEN -- V16
-                            PERFORM pg_notify('fencelock_changes', v_resource); -- V16
-                        END IF; -- V16
+                        changed := true; -- V16
                     ELSE
                         head_ends := stamp + head_ttl * interval '1 second';
                         UPDATE leases l
@@ -250,11 +241,7 @@ BEGIN
                             lock_delay_ms = head_delay
                         WHERE l.resource = v_resource
                         RETURNING l.fence INTO granted;
-                        IF EXISTS (SELECT FROM lease_waiters w WHERE w.resource = v_resource -- V16
-                                   UNION ALL -- V16
-                                   SELECT FROM lease_watchers w WHERE w.resource = v_resource) THEN -- V16
-                            PERFORM pg_notify('fencelock_changes', v_resource); -- V16
-                        END IF; -- V16
+                        changed := true; -- V16
                         INSERT INTO lease_history (fence, resource, acquired_at, expires_at)
                         VALUES (granted, v_resource, stamp, head_ends);
                         UPDATE lease_waiters w
@@ -271,6 +258,13 @@ BEGIN
             END CASE;
             EXIT;
         END LOOP;
+        IF changed THEN -- V16
+            IF EXISTS (SELECT FROM lease_waiters w WHERE w.resource = v_resource -- V16
+                       UNION ALL -- V16
+                       SELECT FROM lease_watchers w WHERE w.resource = v_resource) THEN -- V16
+                PERFORM pg_notify('fencelock_changes', v_resource); -- V16
+            END IF; -- V16
+        END IF; -- V16
         RETURN NEXT;
     END LOOP;
 END

@@ -292,9 +292,8 @@ struct Committers {
 /// The lead committer's state, as the standby sees it.
 #[derive(Clone, Copy, Default)]
 struct Lead {
-    /// Batches the lead has taken.
-    batches: u64,
-    /// When it took the batch it is on; `None` while it waits for requests.
+    /// When it took the batch it is on (which also tells one batch from the next); `None`
+    /// while it waits for requests.
     since: Option<Instant>,
     /// The queue is closed and empty: the lead is done.
     stopped: bool,
@@ -330,10 +329,7 @@ impl Committers {
     /// The lead: takes batches off the queue until the store is gone and the queue is empty.
     async fn lead(self: Arc<Self>) {
         while let Some(batch) = self.next_batch().await {
-            self.update_lead(|lead| {
-                lead.batches += 1;
-                lead.since = Some(Instant::now());
-            });
+            self.update_lead(|lead| lead.since = Some(Instant::now()));
             self.lead_took.notify_one();
             self.commit_guarded(batch).await;
             self.update_lead(|lead| lead.since = None);
@@ -357,8 +353,8 @@ impl Committers {
                 continue;
             };
             tokio::time::sleep_until((since + STANDBY_AFTER).into()).await;
-            let now = self.lead_now();
-            if now.batches != seen.batches || now.since.is_none() {
+            if self.lead_now().since != Some(since) {
+                // The lead is done with that batch.
                 continue;
             }
             match self.next_batch().await {
