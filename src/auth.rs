@@ -27,7 +27,7 @@ use base64::Engine as _;
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
-use crate::domain::ResourceName;
+use fencelock::domain::ResourceName;
 
 /// Longest token name: it is logged with every lease event.
 const MAX_NAME_LEN: usize = 64;
@@ -257,14 +257,14 @@ impl Auth {
 }
 
 /// A fresh secret and the auth file block for it, as `fencelock token new NAME` prints them.
-pub struct NewToken {
+pub(crate) struct NewToken {
     pub secret: String,
     pub block: String,
 }
 
 /// Makes a fresh secret (256 bits from the OS, URL-safe base64) and the `[[tokens]]` block
 /// that lets it in: every resource, both permissions, no quota; the operator narrows it.
-pub fn new_token(name: &str) -> anyhow::Result<NewToken> {
+pub(crate) fn new_token(name: &str) -> anyhow::Result<NewToken> {
     check_name(name)?;
     let mut bytes = [0_u8; SECRET_BYTES];
     getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("the OS random source failed: {e}"))?;

@@ -37,7 +37,7 @@
 //!
 //! `--fence-key FILE` names a file of at least 32 secret bytes (`head -c 32 /dev/urandom >
 //! fence.key`); with it, every lock object given to its holder carries a `fence_token`
-//! signed with it (see [`crate::domain::fence_token`]). A file that is missing, unreadable
+//! signed with it (see [`fencelock::domain::fence_token`]). A file that is missing, unreadable
 //! or too short stops start-up.
 //!
 //! Everything is parsed into typed values here, so a bad value stops start-up with one line
@@ -52,20 +52,20 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::auth::Auth;
-use crate::domain::ttl::{DEFAULT_MAX_TTL_SECONDS, TTL_CEILING_SECONDS};
-use crate::domain::wait::{DEFAULT_MAX_WAIT_MS, WAIT_CEILING_MS};
-use crate::domain::{FenceKey, Ttl};
-pub use crate::store::{DEFAULT_PG_BATCH_MAX, DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
+pub(crate) use crate::store::{DEFAULT_PG_BATCH_MAX, DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
 use crate::store::{StoreConfig, StoreOptions};
+use fencelock::domain::ttl::{DEFAULT_MAX_TTL_SECONDS, TTL_CEILING_SECONDS};
+use fencelock::domain::wait::{DEFAULT_MAX_WAIT_MS, WAIT_CEILING_MS};
+use fencelock::domain::{FenceKey, Ttl};
 
-pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
-pub const DEFAULT_PURGE_GRACE_SECONDS: u64 = 3600;
-pub const DEFAULT_PURGE_INTERVAL_SECONDS: u64 = 60;
-pub const DEFAULT_HISTORY_RETENTION_SECONDS: u64 = 7 * 24 * 3600;
-pub use crate::http::body::DEFAULT_REQUEST_TIMEOUT_MS;
-pub const DEFAULT_LIVE_LEASES_INTERVAL_SECONDS: u64 = 10;
+pub(crate) const DEFAULT_BIND: &str = "127.0.0.1:8080";
+pub(crate) const DEFAULT_PURGE_GRACE_SECONDS: u64 = 3600;
+pub(crate) const DEFAULT_PURGE_INTERVAL_SECONDS: u64 = 60;
+pub(crate) const DEFAULT_HISTORY_RETENTION_SECONDS: u64 = 7 * 24 * 3600;
+pub(crate) use fencelock::http::body::DEFAULT_REQUEST_TIMEOUT_MS;
+pub(crate) const DEFAULT_LIVE_LEASES_INTERVAL_SECONDS: u64 = 10;
 /// The contract samples live leases at least this often.
-pub const MAX_LIVE_LEASES_INTERVAL_SECONDS: u64 = 15;
+pub(crate) const MAX_LIVE_LEASES_INTERVAL_SECONDS: u64 = 15;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -74,7 +74,7 @@ pub const MAX_LIVE_LEASES_INTERVAL_SECONDS: u64 = 15;
     about = "A lease server that hands out time-limited locks with fencing tokens",
     long_about = None
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
 
@@ -86,7 +86,7 @@ impl Cli {
     /// The command line, parsed. The server's settings are global (`fencelock check
     /// --database-url ...` works) but mean nothing to `fencelock lock`, so its `--help` hides
     /// them.
-    pub fn try_parse_command_line() -> Result<Self, clap::Error> {
+    pub(crate) fn try_parse_command_line() -> Result<Self, clap::Error> {
         use clap::{CommandFactory as _, FromArgMatches as _};
         let mut command = Self::command();
         // Copies the global arguments into every subcommand, where they can then be hidden.
@@ -105,7 +105,7 @@ impl Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Serve the HTTP API (the default when no subcommand is given).
     Serve,
     /// Apply the store's migrations and exit.
@@ -139,16 +139,16 @@ Exit status:
   2                bad arguments";
 
 /// The lease server `fencelock lock` asks when neither `--url` nor `FENCELOCK_URL` is given.
-pub const DEFAULT_LOCK_URL: &str = "http://127.0.0.1:8080";
+pub(crate) const DEFAULT_LOCK_URL: &str = "http://127.0.0.1:8080";
 /// The TTL `fencelock lock` asks for: renewed every 10 s, lost at most 30 s after its holder
 /// stopped renewing.
-pub const DEFAULT_LOCK_TTL_SECONDS: u32 = 30;
+pub(crate) const DEFAULT_LOCK_TTL_SECONDS: u32 = 30;
 /// How long CMD has between SIGTERM and SIGKILL once the lease is lost.
-pub const DEFAULT_LOCK_GRACE_SECONDS: u32 = 10;
+pub(crate) const DEFAULT_LOCK_GRACE_SECONDS: u32 = 10;
 
 /// `fencelock lock RESOURCE [options] -- CMD ARGS...`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct LockArgs {
+pub(crate) struct LockArgs {
     /// The resource to lock, e.g. `job:42` (1-255 characters of `A-Z a-z 0-9 . _ - : @ + = ~`;
     /// the server checks).
     pub resource: String,
@@ -185,7 +185,7 @@ pub struct LockArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum TokenCommand {
+pub(crate) enum TokenCommand {
     /// Print a fresh random secret (first line) and the `[[tokens]]` block to paste into the
     /// auth file (the rest). The secret is shown only this once; the file keeps its SHA-256.
     New {

@@ -29,26 +29,26 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep_until};
 
-use crate::client::{Client, Error, Lease};
 use crate::config::LockArgs;
+use fencelock::client::{Client, Error, Lease};
 
 /// RESOURCE was held by another owner for the whole wait (`EX_TEMPFAIL`).
-pub const HELD: u8 = 75;
+pub(crate) const HELD: u8 = 75;
 /// The lease server could not be reached, could not answer, or refused the request
 /// (`EX_UNAVAILABLE`).
-pub const UNAVAILABLE: u8 = 69;
+pub(crate) const UNAVAILABLE: u8 = 69;
 /// The lease was lost while CMD ran, and CMD was stopped (as `timeout(1)` says it stopped
 /// its command).
-pub const LEASE_LOST: u8 = 124;
+pub(crate) const LEASE_LOST: u8 = 124;
 /// CMD could not be run (as shells and `env(1)` say).
-pub const CANNOT_RUN: u8 = 126;
+pub(crate) const CANNOT_RUN: u8 = 126;
 /// CMD was not found (as shells and `env(1)` say).
-pub const NOT_FOUND: u8 = 127;
+pub(crate) const NOT_FOUND: u8 = 127;
 /// Bad arguments (an unusable `--url` or `--token`), as for every `fencelock` command.
-pub const USAGE: u8 = 2;
+pub(crate) const USAGE: u8 = 2;
 
 /// Runs `fencelock lock` to its end on a runtime of its own and gives its exit status.
-pub fn main(args: LockArgs) -> ExitCode {
+pub(crate) fn main(args: LockArgs) -> ExitCode {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();

@@ -26,7 +26,7 @@ pub async fn signal() -> &'static str {
 }
 
 /// Calls `on_hangup` for every SIGHUP until the process ends (on Unix; elsewhere never).
-pub async fn hangups(on_hangup: impl Fn()) {
+pub(crate) async fn hangups(on_hangup: impl Fn()) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

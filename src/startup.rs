@@ -12,9 +12,6 @@ use rustls::ServerConfig;
 
 use crate::auth::Auth;
 use crate::config::Settings;
-use crate::http::metrics::HttpMetrics;
-use crate::http::{self, body::RequestTimeout};
-use crate::metrics::{self, Registry, label};
 use crate::routes::auth::Gate;
 use crate::routes::metrics::LeaseMetrics;
 use crate::routes::{self, AppState};
@@ -23,6 +20,9 @@ use crate::store::live::LiveLeases;
 use crate::store::metered::{Metered, StoreMetrics};
 use crate::store::purge::{Keep, Purge};
 use crate::store::{self, SharedStore, StoreConfig};
+use fencelock::http::metrics::HttpMetrics;
+use fencelock::http::{self, body::RequestTimeout};
+use fencelock::metrics::{self, Registry, label};
 
 /// How long in-flight requests may take to finish after a stop was asked for.
 const SHUTDOWN_TIMEOUT_SECONDS: u64 = 10;
@@ -41,7 +41,7 @@ pub fn raise_open_file_limit() -> std::io::Result<u64> {
 /// The most client connections this process can hold without running out of file handles:
 /// the open-file limit less the reserve and the store's pool. A requested cap above it is
 /// refused, since it would fail later as refused accepts or a store that cannot connect.
-pub fn connection_cap(requested: Option<u64>, pool_size: usize) -> anyhow::Result<u64> {
+pub(crate) fn connection_cap(requested: Option<u64>, pool_size: usize) -> anyhow::Result<u64> {
     let (soft, _) = rlimit::Resource::NOFILE
         .get()
         .context("reading the open-file limit")?;
@@ -70,7 +70,7 @@ fn split_connections(cap: u64) -> (usize, usize) {
 
 /// Refuses to serve without tokens on an address other than loopback, unless that is asked
 /// for; returns whether the server is exposed without tokens (to be warned about).
-pub fn check_exposure(settings: &Settings) -> anyhow::Result<bool> {
+pub(crate) fn check_exposure(settings: &Settings) -> anyhow::Result<bool> {
     let exposed = settings.auth.is_none() && !settings.bind.ip().is_loopback();
     if exposed && !settings.allow_unauthenticated {
         anyhow::bail!(
@@ -108,7 +108,7 @@ impl Application {
 
     /// Like [`Application::build`], with a store opened by the caller.
     ///
-    /// The app's metrics live in a registry of its own (see [`crate::metrics`]).
+    /// The app's metrics live in a registry of its own (see [`fencelock::metrics`]).
     pub fn with_store(settings: Settings, store: SharedStore) -> anyhow::Result<Self> {
         let registry = Registry::new();
         let store_kind = match settings.store {
@@ -164,7 +164,7 @@ impl Application {
             fence_key: settings.fence_key.clone(),
         });
         let request_timeout = settings.request_timeout;
-        http::install_refusal_renderer();
+        crate::refusal::install_refusal_renderer();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(state.clone())

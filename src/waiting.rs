@@ -30,11 +30,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::domain::{AcquireOutcome, AcquireRequest, Acquisition, ReleaseRequest, Ticket};
 use crate::store::{Deadline, SharedStore, StoreError, Subscription};
+use fencelock::domain::{AcquireOutcome, AcquireRequest, Acquisition, ReleaseRequest, Ticket};
 
 use line::Handoff;
-pub use line::Lines;
+pub(crate) use line::Lines;
 
 /// How much longer than the store timeout one attempt may take before it counts as failed
 /// (as `routes::ANSWER_GRACE`: the store refuses work past its deadline by itself).
@@ -50,7 +50,7 @@ const RELEASE_TRIES: u32 = 3;
 
 /// What a waiting acquisition ends with.
 #[derive(Debug)]
-pub struct Waited {
+pub(crate) struct Waited {
     pub outcome: AcquireOutcome,
     /// From the request's start to its answer.
     pub waited: Duration,
@@ -59,7 +59,7 @@ pub struct Waited {
 /// Acquires `req.resource`, waiting up to `req.wait` while another owner holds it (or others
 /// wait ahead), in arrival order with every other waiter of the store. Each attempt is a
 /// write with its own deadline, `store_timeout` away.
-pub async fn acquire(
+pub(crate) async fn acquire(
     store: SharedStore,
     req: AcquireRequest,
     store_timeout: Duration,
@@ -249,7 +249,7 @@ impl Waiter {
 
     /// The requester went away while an attempt was granted: the lease is nobody's, so it is
     /// released at once (its fence given, so that only this very lease is).
-    async fn release_for_nobody(&self, fence: crate::domain::Fence) {
+    async fn release_for_nobody(&self, fence: fencelock::domain::Fence) {
         let release = ReleaseRequest {
             resource: self.req.resource.clone(),
             owner: self.req.owner.clone(),

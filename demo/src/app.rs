@@ -41,7 +41,7 @@ use fencelock::http::metrics::HttpMetrics;
 use fencelock::http::query::{self, Params, decimal};
 use fencelock::http::{self, ApiError, FieldError};
 use fencelock::metrics::Registry;
-use fencelock::store::StoreError;
+use fencelock_server::StoreError;
 use serde_json::json;
 
 use crate::docs::{MAX_PAGE_LIMIT, Page, Put, SharedDocs, Write};
@@ -112,7 +112,7 @@ impl DemoServer {
         });
         let http_metrics = web::Data::new(HttpMetrics::register(&registry));
         let registry = web::Data::new(registry);
-        http::install_refusal_renderer();
+        fencelock_server::install_refusal_renderer();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(docs.clone())
@@ -235,7 +235,7 @@ pub(crate) async fn put_doc(
                 current_fence = current.get(),
                 "write rejected: stale fence"
             );
-            Err(guard::stale_write(key.as_str(), current))
+            Err(guard::stale_write(key.as_str(), current).into())
         }
     }
 }

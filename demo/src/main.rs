@@ -4,16 +4,16 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use fencelock::config::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
 use fencelock::domain::{FenceKey, FenceKeys};
 use fencelock::guard::{Guard, GuardMetrics};
 use fencelock::metrics::Registry;
-use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
 use fencelock_demo::chaos::{self, ChaosOptions};
 use fencelock_demo::docs::{self, Guarding};
 use fencelock_demo::page::{PageOptions, stage};
 use fencelock_demo::story::{self, StoryOptions, Verdict};
+use fencelock_server::StoreOptions;
+use fencelock_server::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
 
 /// The fencelock demo: a protected store that uses the write guard, and the paused-worker
 /// story that shows what fencing prevents.
@@ -198,8 +198,8 @@ fn main() -> ExitCode {
         // cut connections are expected.
         Command::Chaos { .. } => "error",
     };
-    let _logs = match fencelock::telemetry::init_with_default(
-        fencelock::config::LogFormat::Text,
+    let _logs = match fencelock_server::init_logs_with_default(
+        fencelock_server::LogFormat::Text,
         default_filter,
     ) {
         Ok(guard) => guard,
@@ -425,7 +425,7 @@ async fn serve_page(bind: SocketAddr, page: PageOptions) -> anyhow::Result<()> {
 async fn run_until_signal(server: DemoServer) -> anyhow::Result<()> {
     let handle = server.handle();
     actix_web::rt::spawn(async move {
-        let signal = fencelock::shutdown::signal().await;
+        let signal = fencelock_server::signal().await;
         tracing::info!(signal, "shutting down");
         handle.stop(true).await;
     });

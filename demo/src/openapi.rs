@@ -155,7 +155,7 @@ fencelock::problem_answers! {
             ApiError::FencingTokenRequired(String::new()),
             ApiError::InvalidFenceToken(String::new()),
             invalid_input(),
-            fencelock::guard::stale_write("", fencelock::domain::Fence::new(1).expect("a fence")),
+            fencelock::guard::stale_write("", fencelock::domain::Fence::new(1).expect("a fence")).into(),
         ],
         store_failures(),
     ].into_iter().flatten();

@@ -13,18 +13,18 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use fencelock::client::Client;
 use fencelock::client::LockInfo;
-use fencelock::config::Settings;
 use fencelock::domain::{FenceKey, FenceKeys};
 use fencelock::guard::{FENCING_TOKEN, Guard, GuardMetrics};
 use fencelock::metrics::Registry;
-use fencelock::startup::Application;
-use fencelock::store::StoreConfig;
+use fencelock_server::Application;
+use fencelock_server::Settings;
+use fencelock_server::StoreConfig;
 use serde_json::{Value, json};
 
 use crate::app::DemoServer;
 use crate::docs::{self, Guarding};
 use crate::page::PageOptions;
-use fencelock::store::StoreOptions;
+use fencelock_server::StoreOptions;
 
 pub struct StoryOptions {
     pub guarding: Guarding,

@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use common::demo_server;
-use fencelock::config::Settings;
 use fencelock::domain::FenceKeys;
-use fencelock::startup::Application;
-use fencelock::store::StoreOptions;
 use fencelock_demo::docs::Guarding;
+use fencelock_server::Application;
+use fencelock_server::Settings;
+use fencelock_server::StoreOptions;
 use fencelock_testkit::{TestDb, assert_succeeded};
 
 fn story(args: &[&str]) -> Output {

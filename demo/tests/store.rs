@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use common::demo_server;
 use fencelock::domain::Fence;
 use fencelock::domain::{FenceKey, FenceKeys};
-use fencelock::store::StoreOptions;
 use fencelock_demo::docs::Guarding;
+use fencelock_server::StoreOptions;
 use fencelock_testkit::{
     Exposition, Proxy, RawResponse, StoreKind, TestApp, TestDb, assert_raw_problem,
     contract_stores, postgres_addr, raw_exchange,

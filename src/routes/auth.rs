@@ -20,18 +20,18 @@ use actix_web::{Error, FromRequest, HttpMessage as _, HttpRequest, web};
 use prometheus::IntCounterVec;
 
 use crate::auth::{Auth, Permission, Token};
-use crate::domain::{ListScope, ResourceName, ResourcePrefix, TokenQuota};
-use crate::http::ApiError;
-use crate::metrics::{self, Registry, label};
+use fencelock::domain::{ListScope, ResourceName, ResourcePrefix, TokenQuota};
+use fencelock::http::ApiError;
+use fencelock::metrics::{self, Registry, label};
 
 /// The tokens in force (none: authentication is off) and the count of refusals.
-pub struct Gate {
+pub(crate) struct Gate {
     auth: Option<Arc<Auth>>,
     failures: IntCounterVec,
 }
 
 impl Gate {
-    pub fn new(auth: Option<Arc<Auth>>, registry: &Registry) -> Self {
+    pub(crate) fn new(auth: Option<Arc<Auth>>, registry: &Registry) -> Self {
         let failures = metrics::counter(registry, &metrics::AUTH_FAILURES);
         if auth.is_some() {
             // Shown from the start, at 0, when there is something to refuse.
@@ -42,7 +42,7 @@ impl Gate {
         Self { auth, failures }
     }
 
-    pub fn refused(&self, reason: &str) {
+    pub(crate) fn refused(&self, reason: &str) {
         self.failures.with_label_values(&[reason]).inc();
     }
 }
@@ -57,7 +57,7 @@ fn bearer(req: &ServiceRequest) -> Option<&str> {
 
 /// Lets a request with a known bearer token through (the token goes into the request's
 /// extensions for [`Caller`]); answers any other `401`. Nothing of the secret is logged.
-pub async fn authenticate(
+pub(crate) async fn authenticate(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
@@ -93,7 +93,7 @@ pub async fn authenticate(
 }
 
 /// Who is asking: the token the request came with, or nobody when authentication is off.
-pub struct Caller {
+pub(crate) struct Caller {
     token: Option<Arc<Token>>,
     gate: Option<web::Data<Gate>>,
 }
@@ -119,7 +119,11 @@ impl FromRequest for Caller {
 
 impl Caller {
     /// `403 forbidden-scope` unless the token may do `permission` on `resource`.
-    pub fn allow(&self, resource: &ResourceName, permission: Permission) -> Result<(), ApiError> {
+    pub(crate) fn allow(
+        &self,
+        resource: &ResourceName,
+        permission: Permission,
+    ) -> Result<(), ApiError> {
         let Some(token) = &self.token else {
             return Ok(());
         };
@@ -142,7 +146,7 @@ impl Caller {
     /// forbidden-scope` if the token lacks `read`, or if no name could be both: a list of
     /// names the token may not see would look empty whether or not leases are held there,
     /// and an empty page must not pass for "none held" (inspect answers `403` the same way).
-    pub fn list_scope(&self, requested: ResourcePrefix) -> Result<ListScope, ApiError> {
+    pub(crate) fn list_scope(&self, requested: ResourcePrefix) -> Result<ListScope, ApiError> {
         let Some(token) = &self.token else {
             return Ok(ListScope::whole(requested));
         };
@@ -168,12 +172,12 @@ impl Caller {
     }
 
     /// The token's name, for the log line of each lease event.
-    pub fn name(&self) -> Option<&str> {
+    pub(crate) fn name(&self) -> Option<&str> {
         self.token.as_deref().map(Token::name)
     }
 
     /// What the store records and counts for an acquisition by this caller.
-    pub fn quota(&self) -> Option<TokenQuota> {
+    pub(crate) fn quota(&self) -> Option<TokenQuota> {
         self.token.as_deref().map(|token| TokenQuota {
             name: token.name().to_owned(),
             max_leases: token.max_leases(),
@@ -181,7 +185,7 @@ impl Caller {
     }
 
     /// The `429` for an acquisition the store refused by quota.
-    pub fn quota_exceeded(&self, max_leases: u32) -> ApiError {
+    pub(crate) fn quota_exceeded(&self, max_leases: u32) -> ApiError {
         self.refused(label::reason::QUOTA);
         ApiError::QuotaExceeded(format!(
             "this token holds its limit of {max_leases} live lease(s); release one before acquiring another"

@@ -4,7 +4,7 @@ use actix_web::{HttpResponse, web};
 use serde::Serialize;
 
 use super::{AppState, openapi};
-use crate::http::ApiError;
+use fencelock::http::ApiError;
 
 /// The answer of `/healthz` (`ok`) and `/readyz` (`ready`).
 #[derive(Serialize, utoipa::ToSchema)]
@@ -19,7 +19,7 @@ struct Status {
     get, path = "/healthz", tag = "operations", summary = "200 while the process runs",
     responses((status = 200, body = Status, description = "The process runs")),
 )]
-pub async fn healthz() -> HttpResponse {
+pub(super) async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(Status { status: "ok" })
 }
 
@@ -33,7 +33,7 @@ pub async fn healthz() -> HttpResponse {
         openapi::ReadyProblems,
     ),
 )]
-pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub(super) async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     match state.ask(state.store.ping()).await {
         Ok(()) => Ok(HttpResponse::Ok().json(Status { status: "ready" })),
         Err(e) => Err(e.naming_the_cause()),

@@ -7,8 +7,8 @@ use super::auth::Caller;
 use super::locks::rfc3339_millis;
 use super::{AppState, openapi, parse};
 use crate::auth::Permission;
-use crate::domain::{Fence, LeaseEnd, LeaseHistory, PastLease};
-use crate::http::ApiError;
+use fencelock::domain::{Fence, LeaseEnd, LeaseHistory, PastLease};
+use fencelock::http::ApiError;
 
 /// How a lease in a history stands or ended.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -90,7 +90,7 @@ struct HistoryView<'a> {
         openapi::HistoryProblems,
     ),
 )]
-pub async fn history(
+pub(super) async fn history(
     caller: Caller,
     path: web::Path<String>,
     req: HttpRequest,

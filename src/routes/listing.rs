@@ -6,8 +6,8 @@ use serde::Serialize;
 use super::auth::Caller;
 use super::locks::{lock_object, rfc3339_millis};
 use super::{AppState, openapi, parse};
-use crate::domain::{Fence, LeasePage, ListRequest, ListedLease, time_left_ms};
-use crate::http::ApiError;
+use fencelock::domain::{Fence, LeasePage, ListRequest, ListedLease, time_left_ms};
+use fencelock::http::ApiError;
 
 lock_object! {
     /// A live lease in a list: its resource, fence and times, and nothing of its holder.
@@ -73,7 +73,7 @@ impl<'a> From<&'a LeasePage> for LockListView<'a> {
         openapi::ListProblems,
     ),
 )]
-pub async fn list(
+pub(super) async fn list(
     caller: Caller,
     req: HttpRequest,
     state: web::Data<AppState>,

@@ -11,13 +11,13 @@ use super::metrics::Counted;
 use super::parse::Limits;
 use super::{AppState, openapi, parse};
 use crate::auth::Permission;
-use crate::domain::{
+use crate::store::{Deadline, StoreError};
+use fencelock::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, FenceKey, Lease, ReleaseOutcome,
     ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ttl, time_left_ms,
 };
-use crate::http::ApiError;
-use crate::http::body::{JsonObject, Object};
-use crate::store::{Deadline, StoreError};
+use fencelock::http::ApiError;
+use fencelock::http::body::{JsonObject, Object};
 
 /// Declares a lock object: its own fields, then the lease's times, which every lock object
 /// shows alike (the same names, descriptions and formats, from the store's clock).
@@ -132,7 +132,7 @@ enum AcquireResponse<'a> {
         openapi::AcquireProblems,
     ),
 )]
-pub async fn acquire(
+pub(super) async fn acquire(
     LockWrite(mut request, caller, state): LockWrite<AcquireRequest>,
 ) -> Result<HttpResponse, ApiError> {
     request.token = caller.quota();
@@ -181,7 +181,7 @@ pub async fn acquire(
         openapi::InspectProblems,
     ),
 )]
-pub async fn inspect(
+pub(super) async fn inspect(
     caller: Caller,
     path: web::Path<String>,
     state: web::Data<AppState>,
@@ -207,7 +207,7 @@ pub async fn inspect(
         openapi::RenewProblems,
     ),
 )]
-pub async fn renew(
+pub(super) async fn renew(
     LockWrite(request, caller, state): LockWrite<RenewRequest>,
 ) -> Result<HttpResponse, ApiError> {
     match write(&state, |deadline| state.store.renew(&request, deadline)).await? {
@@ -245,7 +245,7 @@ pub async fn renew(
         openapi::ReleaseProblems,
     ),
 )]
-pub async fn release(
+pub(super) async fn release(
     LockWrite(request, caller, state): LockWrite<ReleaseRequest>,
 ) -> Result<HttpResponse, ApiError> {
     match write(&state, |deadline| state.store.release(&request, deadline)).await? {
@@ -273,10 +273,10 @@ pub async fn release(
 /// JSON body (every bad field in one `422`), then allowed for the caller (`403`
 /// forbidden-scope); with the caller and the app state. Its parts are extracted in the
 /// order of a handler's arguments: the caller, the path, the body.
-pub struct LockWrite<R>(R, Caller, web::Data<AppState>);
+pub(super) struct LockWrite<R>(R, Caller, web::Data<AppState>);
 
 /// A lock write's request: how [`LockWrite`] parses it, and what resource it locks.
-pub trait LockRequest: Sized + 'static {
+pub(super) trait LockRequest: Sized + 'static {
     fn parse(resource: &str, body: Object, limits: Limits) -> Result<Self, ApiError>;
     fn resource(&self) -> &ResourceName;
 }

@@ -4,13 +4,13 @@
 
 use prometheus::{Histogram, IntCounter, IntCounterVec};
 
-use crate::domain::{AcquireOutcome, Acquisition, ReleaseOutcome, RenewOutcome};
-use crate::http::ApiError;
-use crate::metrics::label::{self, Outcome};
-use crate::metrics::{self, Registry};
 use crate::store::metered::StoreMetrics;
+use fencelock::domain::{AcquireOutcome, Acquisition, ReleaseOutcome, RenewOutcome};
+use fencelock::http::ApiError;
+use fencelock::metrics::label::{self, Outcome};
+use fencelock::metrics::{self, Registry};
 
-pub struct LeaseMetrics {
+pub(crate) struct LeaseMetrics {
     acquire: IntCounterVec,
     renew: IntCounterVec,
     release: IntCounterVec,
@@ -21,7 +21,7 @@ pub struct LeaseMetrics {
 }
 
 impl LeaseMetrics {
-    pub fn register(registry: &Registry, store: StoreMetrics) -> Self {
+    pub(crate) fn register(registry: &Registry, store: StoreMetrics) -> Self {
         use label::Outcome::*;
         let counters = [
             (
@@ -58,7 +58,7 @@ impl LeaseMetrics {
 }
 
 /// The answer to a lock write, counted `into` its family once it is known.
-pub trait Counted {
+pub(crate) trait Counted {
     fn count(into: &LeaseMetrics, answer: Result<&Self, &ApiError>);
 }
 

@@ -1,13 +1,13 @@
 //! The lease server's routes: each handler parses its request (`parse`), asks the store,
-//! and renders the outcome. The HTTP toolkit they stand on is [`crate::http`].
+//! and renders the outcome. The HTTP toolkit they stand on is [`fencelock::http`].
 
-pub mod auth;
+pub(crate) mod auth;
 mod health;
 mod history;
 mod listing;
 mod locks;
-pub mod metrics;
-pub mod openapi;
+pub(crate) mod metrics;
+pub(crate) mod openapi;
 mod parse;
 mod watch;
 
@@ -16,10 +16,10 @@ use std::time::Duration;
 use actix_web::middleware::from_fn;
 use actix_web::web;
 
-use crate::domain::{FenceKey, Ttl};
-use crate::http::{self, ApiError, resource};
 use crate::store::metered::StoreMetrics;
 use crate::store::{self, Deadline, SharedStore, StoreError};
+use fencelock::domain::{FenceKey, Ttl};
+use fencelock::http::{self, ApiError, resource};
 
 /// How much longer than a write's deadline its request waits for the store's answer. The
 /// store refuses work whose deadline has passed, so normally its own answer (done, or `503`
@@ -29,7 +29,7 @@ use crate::store::{self, Deadline, SharedStore, StoreError};
 const ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 /// What every handler shares.
-pub struct AppState {
+pub(crate) struct AppState {
     pub store: SharedStore,
     pub max_ttl: Ttl,
     /// `--max-wait-ms`: the largest `wait_ms` of an acquisition.
@@ -116,7 +116,7 @@ fn store_answer<T>(result: Result<T, StoreError>) -> Result<T, ApiError> {
 /// (unprefixed only), and the lock routes both as `/locks...` and as `/v1/locks...`. Each path
 /// answers other methods with `405` and an `Allow` header;
 /// unknown paths get a `404` problem from the app's default service.
-pub fn configure(cfg: &mut web::ServiceConfig) {
+pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(resource("/healthz", "GET").route(web::get().to(health::healthz)))
         .service(resource("/readyz", "GET").route(web::get().to(health::readyz)))
         .service(resource("/metrics", "GET").route(web::get().to(http::metrics::expose)))

@@ -2,7 +2,7 @@
 //!
 //! The handlers carry `#[utoipa::path]`, the response types derive `ToSchema`, and the
 //! problem answers of each operation are listed here as sample errors
-//! ([`crate::http::openapi::problems`]). What the derives cannot say is added by
+//! ([`fencelock::http::openapi::problems`]). What the derives cannot say is added by
 //! [`document`] from the same source: the `/v1` copy of every lock path, `POST
 //! .../release` (the handler of `DELETE`), the lease without its owner that inspect shows,
 //! and the configured TTL maximum.
@@ -13,14 +13,14 @@ use utoipa::OpenApi;
 use utoipa::openapi::RefOr;
 
 use super::{AppState, health, history, listing, locks, watch};
-use crate::domain::Ttl;
-use crate::http::ApiError;
-use crate::http::openapi::{
+use fencelock::domain::Ttl;
+use fencelock::http::ApiError;
+use fencelock::http::openapi::{
     ResourceNameSchema, body_refusals, finish, invalid_input, store_failures,
 };
 
 /// The prefix every lock path is also served under.
-pub const VERSION_PREFIX: &str = "/v1";
+pub(crate) const VERSION_PREFIX: &str = "/v1";
 
 #[derive(OpenApi)]
 #[openapi(
@@ -50,13 +50,13 @@ pub const VERSION_PREFIX: &str = "/v1";
 struct LeaseServerApi;
 
 /// `GET /openapi.json`
-pub async fn serve(state: web::Data<AppState>) -> HttpResponse {
-    crate::http::openapi::serve(&document(state.max_ttl, state.max_wait_ms))
+pub(crate) async fn serve(state: web::Data<AppState>) -> HttpResponse {
+    fencelock::http::openapi::serve(&document(state.max_ttl, state.max_wait_ms))
 }
 
 /// The whole document, for a server whose longest TTL is `max_ttl` and longest wait
 /// `max_wait_ms`.
-pub fn document(max_ttl: Ttl, max_wait_ms: u32) -> Value {
+pub(crate) fn document(max_ttl: Ttl, max_wait_ms: u32) -> Value {
     let mut doc = finish(LeaseServerApi::openapi());
     for body in ["AcquireBody", "RenewBody"] {
         doc["components"]["schemas"][body]["properties"]["ttl_seconds"]["maximum"] =
@@ -144,7 +144,7 @@ fn owner_schema() -> utoipa::openapi::Object {
     dead_code,
     reason = "the wire shape, for the document; routes::parse reads it"
 )]
-pub struct ResourcePath {
+pub(crate) struct ResourcePath {
     /// The locked thing's name: 1-255 characters of `A-Z a-z 0-9 . _ - : @ + = ~`, not `.`
     /// or `..`. Anything else is `422`.
     #[param(value_type = ResourceNameSchema, inline)]
@@ -158,7 +158,7 @@ pub struct ResourcePath {
     dead_code,
     reason = "the wire shape, for the document; routes::parse reads it"
 )]
-pub struct ListParams {
+pub(crate) struct ListParams {
     /// Only names that start with this: 0-255 characters of `A-Z a-z 0-9 . _ - : @ + = ~`
     /// (absent or empty: every name). With a bearer token, only names inside the token's
     /// prefixes are listed; a prefix that no name inside them can start with is `403
@@ -185,7 +185,7 @@ pub struct ListParams {
     dead_code,
     reason = "the wire shape, for the document; routes::parse reads it"
 )]
-pub struct HistoryParams {
+pub(crate) struct HistoryParams {
     /// Most leases listed, newest first: 1-1000, default 50.
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
@@ -199,7 +199,7 @@ pub struct HistoryParams {
     dead_code,
     reason = "the wire shape, for the document; routes::parse reads it"
 )]
-pub struct WatchParams {
+pub(crate) struct WatchParams {
     /// The fence of the lease to wait for the end of. Absent: answer at once with the live
     /// lease (`changed: false`).
     #[param(minimum = 1, maximum = 9_007_199_254_740_991_i64)]
@@ -217,7 +217,7 @@ pub struct WatchParams {
     dead_code,
     reason = "the wire shape, for the document; routes::parse reads it"
 )]
-pub struct AcquireBody {
+pub(crate) struct AcquireBody {
     /// The caller's secret token for this acquisition (e.g. a UUID); trimmed, then 1-255
     /// bytes without control characters.
     #[schema(schema_with = owner_schema)]
@@ -245,7 +245,7 @@ pub struct AcquireBody {
     dead_code,
     reason = "the wire shape, for the document; routes::parse reads it"
 )]
-pub struct RenewBody {
+pub(crate) struct RenewBody {
     /// The owner the lease was acquired with.
     #[schema(schema_with = owner_schema)]
     owner: String,
@@ -265,7 +265,7 @@ pub struct RenewBody {
     dead_code,
     reason = "the wire shape, for the document; routes::parse reads it"
 )]
-pub struct ReleaseBody {
+pub(crate) struct ReleaseBody {
     /// The owner the lease was acquired with.
     #[schema(schema_with = owner_schema)]
     owner: String,
@@ -276,7 +276,7 @@ pub struct ReleaseBody {
 
 /// The live lease as inspect shows it: a lock without its `owner`, which only the holder
 /// sees.
-pub struct LiveLease;
+pub(crate) struct LiveLease;
 
 impl utoipa::PartialSchema for LiveLease {
     fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
@@ -292,7 +292,7 @@ impl utoipa::PartialSchema for LiveLease {
 impl utoipa::ToSchema for LiveLease {}
 
 // The problem answers of each operation, beyond those of the HTTP layer.
-crate::problem_answers! {
+fencelock::problem_answers! {
     AcquireProblems => lock_problems(with_body(vec![ApiError::QuotaExceeded(String::new())]));
     InspectProblems => lock_problems(vec![ApiError::NotFound(String::new())]);
     ReleaseProblems => lock_problems(with_body(holder_refusals(vec![

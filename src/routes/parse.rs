@@ -4,24 +4,28 @@
 
 use serde_json::value::RawValue;
 
-use crate::domain::{
+use fencelock::domain::{
     AcquireRequest, Fence, HistoryLimit, HistoryRequest, LockDelay, Owner, PageLimit,
     ReleaseRequest, RenewRequest, ResourceName, ResourcePrefix, Ttl, WaitFor, WatchTimeout,
 };
-use crate::http::body::{self, Object};
-use crate::http::problem::{ApiError, FieldError};
-use crate::http::query::{self, Params, decimal};
+use fencelock::http::body::{self, Object};
+use fencelock::http::problem::{ApiError, FieldError};
+use fencelock::http::query::{self, Params, decimal};
 
 /// The server's bounds on what a request may ask for.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(super) struct Limits {
     pub max_ttl: Ttl,
     /// `--max-wait-ms`: the largest `wait_ms`.
     pub max_wait_ms: u32,
 }
 
 /// `POST /locks/{resource}` `{"owner", "ttl_seconds", "lock_delay_ms"?, "wait_ms"?}`
-pub fn acquire(resource: &str, body: Object, limits: Limits) -> Result<AcquireRequest, ApiError> {
+pub(super) fn acquire(
+    resource: &str,
+    body: Object,
+    limits: Limits,
+) -> Result<AcquireRequest, ApiError> {
     let mut fields = Fields::new(body);
     let resource = fields.resource(resource);
     let owner = fields.required("owner", owner);
@@ -45,7 +49,7 @@ fn wait(raw: &RawValue, max_ms: u32) -> Result<WaitFor, String> {
 }
 
 /// `POST /locks/{resource}/renew` `{"owner", "ttl_seconds", "fence"?}`
-pub fn renew(resource: &str, body: Object, max_ttl: Ttl) -> Result<RenewRequest, ApiError> {
+pub(super) fn renew(resource: &str, body: Object, max_ttl: Ttl) -> Result<RenewRequest, ApiError> {
     let mut fields = Fields::new(body);
     let resource = fields.resource(resource);
     let owner = fields.required("owner", owner);
@@ -61,7 +65,7 @@ pub fn renew(resource: &str, body: Object, max_ttl: Ttl) -> Result<RenewRequest,
 }
 
 /// `DELETE /locks/{resource}` or `POST /locks/{resource}/release`, `{"owner", "fence"?}`
-pub fn release(resource: &str, body: Object) -> Result<ReleaseRequest, ApiError> {
+pub(super) fn release(resource: &str, body: Object) -> Result<ReleaseRequest, ApiError> {
     let mut fields = Fields::new(body);
     let resource = fields.resource(resource);
     let owner = fields.required("owner", owner);
@@ -75,7 +79,7 @@ pub fn release(resource: &str, body: Object) -> Result<ReleaseRequest, ApiError>
 }
 
 /// A `{resource}` path segment alone, for requests without a body.
-pub fn resource(raw: &str) -> Result<ResourceName, ApiError> {
+pub(super) fn resource(raw: &str) -> Result<ResourceName, ApiError> {
     ResourceName::parse(raw).map_err(|e| ApiError::validation("resource", e))
 }
 
@@ -169,7 +173,7 @@ impl Fields {
 
 /// The query of `GET /locks`, checked; the token's scope is applied after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListQuery {
+pub(super) struct ListQuery {
     pub prefix: ResourcePrefix,
     pub after: Option<ResourceName>,
     pub limit: PageLimit,
@@ -179,7 +183,7 @@ pub struct ListQuery {
 /// fields, a parameter that is not one of these, or one given twice, is a `422` naming it:
 /// a typo such as `limt=5` must not pass as the default. Values are form-encoded: `+` stands
 /// for a space (refused), so a name holding `+` is sent with `%2B`.
-pub fn list(query: &str) -> Result<ListQuery, ApiError> {
+pub(super) fn list(query: &str) -> Result<ListQuery, ApiError> {
     let Params {
         values: [prefix, limit, after],
         mut errors,
@@ -227,7 +231,7 @@ pub fn list(query: &str) -> Result<ListQuery, ApiError> {
 
 /// `GET /locks/{resource}/history?limit=N`: the resource and the query's problems in one
 /// `422`. As with the list, a parameter other than `limit`, or one given twice, is named.
-pub fn history(resource: &str, query: &str) -> Result<HistoryRequest, ApiError> {
+pub(super) fn history(resource: &str, query: &str) -> Result<HistoryRequest, ApiError> {
     let checked_resource = ResourceName::parse(resource);
     let Params {
         values: [limit],
@@ -264,7 +268,7 @@ pub fn history(resource: &str, query: &str) -> Result<HistoryRequest, ApiError> 
 
 /// The query of `GET /locks/{resource}/watch`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WatchQuery {
+pub(super) struct WatchQuery {
     /// The fence of the lease the caller waits to see end; `None`: answer at once.
     pub fence: Option<Fence>,
     pub timeout: WatchTimeout,
@@ -272,7 +276,7 @@ pub struct WatchQuery {
 
 /// `GET /locks/{resource}/watch?fence=F&timeout_ms=T`, both optional; unknown or repeated
 /// parameters are a `422` as for the list.
-pub fn watch(query: &str) -> Result<WatchQuery, ApiError> {
+pub(super) fn watch(query: &str) -> Result<WatchQuery, ApiError> {
     let Params {
         values: [fence, timeout],
         mut errors,
@@ -306,7 +310,7 @@ pub fn watch(query: &str) -> Result<WatchQuery, ApiError> {
                 "timeout_ms",
                 format!(
                     "must be an integer from 1 to {} (milliseconds)",
-                    crate::domain::wait::WATCH_TIMEOUT_MAX_MS
+                    fencelock::domain::wait::WATCH_TIMEOUT_MAX_MS
                 ),
             )),
         }

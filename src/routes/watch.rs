@@ -16,9 +16,9 @@ use super::auth::Caller;
 use super::locks::LockView;
 use super::{AppState, openapi, parse};
 use crate::auth::Permission;
-use crate::domain::time_left_ms;
-use crate::http::ApiError;
 use crate::store::{Registration, Watching};
+use fencelock::domain::time_left_ms;
+use fencelock::http::ApiError;
 
 /// Added to the lease's time left before looking again: the store's clock reading and ours
 /// are a round trip apart, and a look that comes a moment early costs a second look.
@@ -47,7 +47,7 @@ pub(super) struct WatchResponse<'a> {
         openapi::WatchProblems,
     ),
 )]
-pub async fn watch(
+pub(super) async fn watch(
     caller: Caller,
     path: web::Path<String>,
     req: HttpRequest,

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::watch;
 
-use crate::domain::ResourceName;
 use crate::waiting::Lines;
+use fencelock::domain::ResourceName;
 
 /// Who waits on which resource in this process.
 #[derive(Default)]
@@ -147,7 +147,7 @@ impl Drop for Subscription {
 /// A watch started with [`crate::store::LeaseStore::watch`]: the lease as it was then, and
 /// the registration that keeps its changes announced.
 pub struct Watching {
-    pub lease: Option<crate::domain::Lease>,
+    pub lease: Option<fencelock::domain::Lease>,
     /// Ends the registration when dropped; keep it for as long as the watch runs.
     pub registration: Registration,
 }

@@ -8,7 +8,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// A chore running on the current runtime. Stop it with [`Chore::stop`].
-pub struct Chore {
+pub(crate) struct Chore {
     task: JoinHandle<()>,
     stop: watch::Sender<bool>,
 }
@@ -16,7 +16,7 @@ pub struct Chore {
 impl Chore {
     /// Runs `round` at `first` and then every `interval`. A round that overruns delays the
     /// next one rather than bunching them up.
-    pub fn start<F, R>(first: Instant, interval: Duration, mut round: F) -> Self
+    pub(crate) fn start<F, R>(first: Instant, interval: Duration, mut round: F) -> Self
     where
         F: FnMut() -> R + Send + 'static,
         R: Future<Output = ()> + Send,
@@ -36,7 +36,7 @@ impl Chore {
     }
 
     /// Stops the chore and waits for a round in progress to end.
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         let _ = self.stop.send(true);
         let _ = self.task.await;
     }

@@ -8,10 +8,10 @@ use std::time::Duration;
 use super::postgres::PgConfig;
 
 /// The SQLite file the lease server uses when no database URL is given.
-pub const DEFAULT_SQLITE_FILE: &str = "fencelock.db";
+pub(super) const DEFAULT_SQLITE_FILE: &str = "fencelock.db";
 pub const DEFAULT_POOL_SIZE: u16 = 16;
 pub const DEFAULT_STORE_TIMEOUT_MS: u64 = 5000;
-pub const DEFAULT_PG_BATCH_MAX: u16 = 64;
+pub(crate) const DEFAULT_PG_BATCH_MAX: u16 = 64;
 
 /// Which store to open.
 #[derive(Clone)]

@@ -10,12 +10,12 @@ use super::SharedStore;
 use super::chore::Chore;
 
 /// The periodic count of one store's live leases.
-pub struct LiveLeases;
+pub(crate) struct LiveLeases;
 
 impl LiveLeases {
     /// Sets `gauge` to the store's live leases at once and then every `interval`. A failed
     /// count leaves the last value and is tried again at the next interval.
-    pub fn start(store: SharedStore, gauge: IntGauge, interval: Duration) -> Chore {
+    pub(crate) fn start(store: SharedStore, gauge: IntGauge, interval: Duration) -> Chore {
         Chore::start(Instant::now(), interval, move || {
             let (store, gauge) = (store.clone(), gauge.clone());
             async move {

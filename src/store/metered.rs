@@ -7,21 +7,21 @@ use async_trait::async_trait;
 use prometheus::{HistogramVec, IntCounterVec};
 
 use super::{Changes, Deadline, LeaseStore, SharedStore, StoreError, Watching};
-use crate::domain::{
+use fencelock::domain::{
     AcquireOutcome, AcquireRequest, HistoryRequest, Lease, LeaseHistory, LeasePage, ListRequest,
     ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ticket,
 };
-use crate::metrics::{self, Registry, label};
+use fencelock::metrics::{self, Registry, label};
 
 /// The store families of one app.
 #[derive(Clone)]
-pub struct StoreMetrics {
+pub(crate) struct StoreMetrics {
     seconds: HistogramVec,
     errors: IntCounterVec,
 }
 
 impl StoreMetrics {
-    pub fn register(registry: &Registry) -> Self {
+    pub(crate) fn register(registry: &Registry) -> Self {
         let metrics = Self {
             seconds: metrics::histogram(
                 registry,
@@ -43,7 +43,7 @@ impl StoreMetrics {
     }
 
     /// The HTTP side stopped waiting for the store (see `routes::bounded`).
-    pub fn timed_out(&self) {
+    pub(crate) fn timed_out(&self) {
         self.errors.with_label_values(&[label::kind::TIMEOUT]).inc();
     }
 
@@ -59,13 +59,13 @@ impl StoreMetrics {
 }
 
 /// `inner` with every operation timed and every failure counted.
-pub struct Metered {
+pub(crate) struct Metered {
     inner: SharedStore,
     metrics: StoreMetrics,
 }
 
 impl Metered {
-    pub fn wrap(inner: SharedStore, metrics: StoreMetrics) -> SharedStore {
+    pub(crate) fn wrap(inner: SharedStore, metrics: StoreMetrics) -> SharedStore {
         std::sync::Arc::new(Self { inner, metrics })
     }
 

@@ -9,78 +9,32 @@
 //! two chores run beside the server ([`chore::Chore`]): [`purge::Purge`] and
 //! [`live::LiveLeases`].
 
-pub mod changes;
-pub mod chore;
+pub(crate) mod changes;
+pub(crate) mod chore;
 mod config;
-pub mod live;
-pub mod metered;
-pub mod postgres;
-pub mod purge;
-pub mod sqlite;
+pub(crate) mod live;
+pub(crate) mod metered;
+pub(crate) mod postgres;
+pub(crate) mod purge;
+pub(crate) mod sqlite;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::domain::{
+pub(crate) use changes::{Changes, Registration, Seen, Subscription, Watching};
+pub(crate) use config::DEFAULT_PG_BATCH_MAX;
+pub use config::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS, StoreConfig, StoreOptions};
+use fencelock::domain::{
     AcquireOutcome, AcquireRequest, HistoryRequest, Lease, LeaseHistory, LeasePage, ListRequest,
     ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ticket,
 };
-pub use changes::{Changes, Registration, Seen, Subscription, Watching};
-pub use config::{
-    DEFAULT_PG_BATCH_MAX, DEFAULT_POOL_SIZE, DEFAULT_SQLITE_FILE, DEFAULT_STORE_TIMEOUT_MS,
-    StoreConfig, StoreOptions,
-};
 
-/// The store could not answer. Never used for an answer such as "held by another owner".
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// Unreachable, timed out, or busy: the outcome is unknown and a retry may succeed.
-    #[error("store unavailable: {0:#}")]
-    Unavailable(anyhow::Error),
-    /// The store answers but refuses writes: a read-only file, file system or database (a
-    /// PostgreSQL hot standby), or a full disk. Nothing was written. It heals only when an
-    /// operator acts, so it is reported loudly, but it is still a `503`: the same request may
-    /// succeed once the store is writable again.
-    #[error("store refuses writes: {0:#}")]
-    NotWritable(anyhow::Error),
-    /// The store cannot be used as configured, and waiting will not change that: the login is
-    /// refused, the database does not exist, the server wants TLS, or the schema there is not
-    /// fencelock's. Answered `503` (and tried again on every request, so fixing it heals the
-    /// server), and reported loudly with the store's own words.
-    #[error("store misconfigured: {0:#}")]
-    Misconfigured(anyhow::Error),
-    /// A bug: retrying will not help.
-    #[error("store error: {0:#}")]
-    Internal(anyhow::Error),
-}
-
-impl StoreError {
-    pub fn unavailable(message: impl std::fmt::Display) -> Self {
-        Self::Unavailable(anyhow::anyhow!("{message}"))
-    }
-
-    /// The same kind of error with the same message, for each of several requests that one
-    /// failure (a failed batch commit) answers.
-    pub fn same_kind(&self) -> Self {
-        let cause = |e: &anyhow::Error| anyhow::anyhow!("{e:#}");
-        match self {
-            Self::Unavailable(e) => Self::Unavailable(cause(e)),
-            Self::NotWritable(e) => Self::NotWritable(cause(e)),
-            Self::Misconfigured(e) => Self::Misconfigured(cause(e)),
-            Self::Internal(e) => Self::Internal(cause(e)),
-        }
-    }
-
-    /// The answer for work that was not done because its request's deadline had passed.
-    pub fn too_late() -> Self {
-        Self::unavailable("the request's deadline passed before the store acted on it")
-    }
-}
+pub use fencelock::StoreError;
 
 /// Rows one purge step deletes at most.
-pub const PURGE_BATCH: u64 = 10_000;
+pub(crate) const PURGE_BATCH: u64 = 10_000;
 
 /// The moment after which a request's work must not take effect any more.
 ///
@@ -236,8 +190,8 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), StoreError>;
 
     /// Adds the store's own metric families, if it has any, to an app's registry (see
-    /// [`crate::metrics`]): the PostgreSQL store's batches.
-    fn register_metrics(&self, _registry: &crate::metrics::Registry) {}
+    /// [`fencelock::metrics`]): the PostgreSQL store's batches.
+    fn register_metrics(&self, _registry: &fencelock::metrics::Registry) {}
 
     /// What the store is and where, for logs; never contains a password.
     fn describe(&self) -> String;
@@ -249,7 +203,7 @@ pub type SharedStore = Arc<dyn LeaseStore>;
 /// cannot be used as configured), at most once per [`LASTING_REPORT_EVERY`] in this process:
 /// an operator must hear of it, with the store's own words, but one line says it all and a
 /// line per request would bury everything else (each request still gets its WARN line).
-pub fn report_lasting(what: &str, cause: &anyhow::Error) {
+pub(crate) fn report_lasting(what: &str, cause: &anyhow::Error) {
     static LAST_REPORT: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
     let mut last = LAST_REPORT
         .lock()
@@ -265,7 +219,7 @@ const LASTING_REPORT_EVERY: Duration = Duration::from_secs(30);
 /// Verifies, changing nothing, that the configured store can serve leases: reachable,
 /// writable, and with exactly this build's schema. `Ok` tells what was found; `Err` the cause
 /// of the first problem, in one line (for `fencelock check` in a deploy script).
-pub async fn check(config: &StoreConfig, options: StoreOptions) -> anyhow::Result<String> {
+pub(crate) async fn check(config: &StoreConfig, options: StoreOptions) -> anyhow::Result<String> {
     match config {
         StoreConfig::Postgres(pg) => {
             let store = postgres::PgStore::connect((**pg).clone(), 1, options.timeout, 1)?;
@@ -287,7 +241,10 @@ pub async fn check(config: &StoreConfig, options: StoreOptions) -> anyhow::Resul
 /// An unreachable PostgreSQL is not fatal here: the server starts, answers `503` and `/readyz`
 /// stays `503` until the database answers, then migrates on first use. A SQLite file that
 /// cannot be opened is fatal, since nothing would change by waiting.
-pub async fn open(config: &StoreConfig, options: StoreOptions) -> anyhow::Result<SharedStore> {
+pub(crate) async fn open(
+    config: &StoreConfig,
+    options: StoreOptions,
+) -> anyhow::Result<SharedStore> {
     match config {
         StoreConfig::Postgres(pg) => {
             let store = postgres::PgStore::connect(

@@ -12,29 +12,29 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, Pool, PoolError};
+use fencelock::guard::postgres as guard_pg;
+use guard_pg::POOL_TIMEOUT;
 use tokio::sync::OnceCell;
 use tokio_postgres::Row;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use super::{Changes, Deadline, LeaseStore, Registration, StoreError, Watching};
-use crate::domain::{
+use fencelock::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Lease, LeaseHistory, Owner,
     PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
     ResourceName, Ticket,
 };
-use crate::domain::{LeasePage, ListRequest, ListedLease};
-use crate::metrics::Registry;
+use fencelock::domain::{LeasePage, ListRequest, ListedLease};
+use fencelock::metrics::Registry;
 
 mod batch;
 mod clock;
-pub mod conninfo;
+pub(crate) mod conninfo;
 mod listen;
-pub mod tls;
+pub(crate) mod tls;
 
 use batch::{BatchMetrics, Batcher};
 use clock::DbClock;
@@ -43,11 +43,6 @@ use tls::PgTls;
 mod embedded {
     refinery::embed_migrations!("migrations/postgres");
 }
-
-/// How long a request may wait for a pooled connection, for a new connection, or for a
-/// connection check, before it answers `503`. Short, so an outage is reported rather than
-/// queued behind.
-const POOL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Serialises migrations of instances starting at once on one database. Advisory locks are
 /// database-wide, which is what we want here.
@@ -104,29 +99,17 @@ impl PgConfig {
 /// still scan, as the setting only makes sequential scans the last resort.
 pub fn pool(pg: &PgConfig, pool_size: usize, statement_timeout: Duration) -> anyhow::Result<Pool> {
     let mut config = pg.config.clone();
-    let options = format!(
-        "{} -c statement_timeout={} -c enable_seqscan=off",
-        config.get_options().unwrap_or_default(),
-        statement_timeout.as_millis()
-    );
-    config.options(options.trim_start());
+    guard_pg::with_statement_timeout(&mut config, statement_timeout);
+    config.options(format!(
+        "{} -c enable_seqscan=off",
+        config.get_options().unwrap_or_default()
+    ));
     let manager = Manager::from_connect(
         config,
         OnDriverRuntime(pg.tls.connector.clone()),
-        ManagerConfig {
-            // A closed connection is detected without a round trip; one that dies while
-            // idle fails its next statement with a 503, and the pool replaces it.
-            recycling_method: RecyclingMethod::Fast,
-        },
+        guard_pg::manager_config(),
     );
-    Pool::builder(manager)
-        .max_size(pool_size)
-        .runtime(Runtime::Tokio1)
-        .wait_timeout(Some(POOL_TIMEOUT))
-        .create_timeout(Some(POOL_TIMEOUT))
-        .recycle_timeout(Some(POOL_TIMEOUT))
-        .build()
-        .context("building the PostgreSQL pool")
+    guard_pg::pool_of(manager, pool_size)
 }
 
 /// The runtime every pooled connection lives on.
@@ -237,7 +220,7 @@ fn redact_password(url: &str) -> String {
     format!("{scheme}://{authority}{tail}")
 }
 
-pub struct PgStore {
+pub(crate) struct PgStore {
     db: Arc<Db>,
     /// Decides concurrent acquisitions, renewals and releases together (see [`batch`]);
     /// `None` when batches are limited to one request: each is then a statement of its own.
@@ -266,7 +249,7 @@ struct Db {
 impl PgStore {
     /// Builds the pool without connecting: connections are made on first use. Requests are
     /// decided in batches of at most `batch_max` (1: each alone).
-    pub fn connect(
+    pub(crate) fn connect(
         config: PgConfig,
         pool_size: usize,
         statement_timeout: Duration,
@@ -294,7 +277,7 @@ impl PgStore {
     /// Starts the session that receives the changes every instance announces (grants,
     /// releases, dequeues), for this instance's waiters and watchers. Once; the server
     /// does it, `fencelock check` does not.
-    pub fn listen(&self) {
+    pub(crate) fn listen(&self) {
         let mut listener = self
             .listener
             .lock()
@@ -308,14 +291,14 @@ impl PgStore {
     }
 
     /// Applies the migrations once; safe when several instances start at the same time.
-    pub async fn ensure_schema(&self) -> Result<(), StoreError> {
+    pub(crate) async fn ensure_schema(&self) -> Result<(), StoreError> {
         self.db.ensure_schema().await
     }
 
     /// Connects and verifies, without changing anything, that this database can serve
     /// leases: it accepts writes, and its schema is exactly this build's. Returns what was
     /// found, or the cause of the first problem in one line.
-    pub async fn check(&self) -> anyhow::Result<String> {
+    pub(crate) async fn check(&self) -> anyhow::Result<String> {
         self.db.check().await
     }
 }
@@ -1012,63 +995,15 @@ pub fn classify(e: tokio_postgres::Error) -> StoreError {
         ));
     }
     match e.code() {
-        Some(code) if code.code() == DEADLINE_PASSED => return StoreError::too_late(),
-        Some(code) if code == &SqlState::READ_ONLY_SQL_TRANSACTION => {
-            return StoreError::NotWritable(anyhow::Error::new(e).context(
-                "PostgreSQL accepts only reads (a hot standby, or transaction_read_only is on)",
-            ));
-        }
-        Some(code)
-            if code == &SqlState::INVALID_PASSWORD
-                || code == &SqlState::INVALID_AUTHORIZATION_SPECIFICATION
-                || code == &SqlState::INVALID_CATALOG_NAME
-                || code == &SqlState::INSUFFICIENT_PRIVILEGE =>
-        {
-            return StoreError::Misconfigured(
-                anyhow::Error::new(e).context("PostgreSQL refuses this login or database"),
-            );
-        }
-        Some(code) if code == &SqlState::DISK_FULL => {
-            return StoreError::NotWritable(
-                anyhow::Error::new(e).context("PostgreSQL's disk is full"),
-            );
-        }
-        _ => {}
-    }
-    let transient = e.is_closed()
-        || e.as_db_error().is_none()
-        || e.code().is_some_and(|code| {
-            code == &SqlState::T_R_SERIALIZATION_FAILURE
-                || code == &SqlState::T_R_DEADLOCK_DETECTED
-                || code == &SqlState::ADMIN_SHUTDOWN
-                || code == &SqlState::CRASH_SHUTDOWN
-                || code == &SqlState::CANNOT_CONNECT_NOW
-                || code == &SqlState::TOO_MANY_CONNECTIONS
-                || code == &SqlState::QUERY_CANCELED
-                || code == &SqlState::LOCK_NOT_AVAILABLE
-                || code.code().starts_with("08") // connection exceptions
-                || code.code().starts_with("53") // insufficient resources
-                || code.code().starts_with("57") // operator intervention
-        });
-    if transient {
-        StoreError::Unavailable(e.into())
-    } else {
-        StoreError::Internal(e.into())
+        Some(code) if code.code() == DEADLINE_PASSED => StoreError::too_late(),
+        _ => fencelock::guard::postgres::classify(e),
     }
 }
 
-/// A failure to get a connection: the database's own refusal is sorted like any other of its
-/// errors (a refused login is a misconfiguration, a server shutting down is transient);
-/// everything else about the pool (timeouts, closed) means the database cannot be reached
-/// right now. None of them is a reason for a `500`. Public for the same reason as [`classify`].
+/// A failure to get a connection, sorted as [`classify`] sorts the database's own refusals
+/// (none of them a reason for a `500`).
 pub fn classify_pool(e: PoolError) -> StoreError {
-    match e {
-        PoolError::Backend(e) => match classify(e) {
-            StoreError::Internal(cause) => StoreError::Unavailable(cause),
-            other => other,
-        },
-        other => StoreError::Unavailable(other.into()),
-    }
+    fencelock::guard::postgres::classify_pool_with(e, classify)
 }
 
 /// One range of a list page, `[$1, $2)`, at most `$3` leases. The bounds come from

@@ -9,11 +9,11 @@ use super::SharedStore;
 use super::chore::Chore;
 
 /// The periodic purge of one store.
-pub struct Purge;
+pub(crate) struct Purge;
 
 /// How long the purge keeps what.
 #[derive(Debug, Clone, Copy)]
-pub struct Keep {
+pub(crate) struct Keep {
     /// Expired leases: deleted this long after their expiry (and never inside their lock
     /// delay).
     pub grace: Duration,
@@ -28,7 +28,7 @@ impl Purge {
     ///
     /// The first round comes one interval after start, not at once: a server that restarts
     /// often has no backlog worth purging before it serves, and nothing races a fresh start.
-    pub fn start(store: SharedStore, keep: Keep, interval: Duration) -> Chore {
+    pub(crate) fn start(store: SharedStore, keep: Keep, interval: Duration) -> Chore {
         Chore::start(Instant::now() + interval, interval, move || {
             let store = store.clone();
             async move {

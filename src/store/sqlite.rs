@@ -17,17 +17,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Changes, Deadline, LeaseStore, StoreError};
-use crate::domain::decide::{self, AcquireVerdict};
-use crate::domain::{
+use fencelock::domain::decide::{self, AcquireVerdict};
+use fencelock::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Lease, LeaseHistory,
     LockDelay, Owner, PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome,
     RenewRequest, ResourceName, Ticket, TokenQuota,
 };
-use crate::domain::{LeasePage, ListRequest, ListedLease};
+use fencelock::domain::{LeasePage, ListRequest, ListedLease};
 
 mod embedded {
     refinery::embed_migrations!("migrations/sqlite");
@@ -42,7 +42,7 @@ const MAX_BATCH: usize = 256;
 /// Queued operations beyond this wait in the request (back-pressure), not in memory.
 const QUEUE_DEPTH: usize = 4096;
 
-pub struct SqliteStore {
+pub(crate) struct SqliteStore {
     jobs: mpsc::Sender<Box<dyn Job>>,
     path: PathBuf,
     /// Told of every grant, release and dequeue: this process's own right after the commit,
@@ -57,7 +57,7 @@ impl SqliteStore {
     /// A file that can be read but not written (its mode, an immutable flag) still opens:
     /// the server then answers reads, and `503` to writes and to `/readyz`, and picks the
     /// file up for writing as soon as that becomes possible.
-    pub fn open(path: &Path) -> anyhow::Result<Self> {
+    pub(crate) fn open(path: &Path) -> anyhow::Result<Self> {
         let mut conn = connect(path)?;
         migrate(&mut conn).with_context(|| format!("migrating {}", path.display()))?;
         if is_read_only(&conn) {
@@ -107,7 +107,7 @@ impl SqliteStore {
 /// Opens the file, without creating it, and verifies without changing anything that it can
 /// serve leases: it can be written, and its schema is exactly this build's. Returns what was
 /// found, or the cause of the first problem in one line.
-pub fn check(path: &Path) -> anyhow::Result<String> {
+pub(crate) fn check(path: &Path) -> anyhow::Result<String> {
     let flags =
         rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let mut conn = Connection::open_with_flags(path, flags)
@@ -350,27 +350,7 @@ fn run_in_savepoint(conn: &Connection, job: &mut dyn Job) -> Result<(), StoreErr
     Ok(())
 }
 
-/// Sorts SQLite failures by result code: busy, locked, I/O, disk full and the like are
-/// `Unavailable` (`503`); anything else is `Internal` (`500`). Public so that services beside
-/// the lease store (the demo store) sort their own failures the same way.
-pub fn classify(e: rusqlite::Error) -> StoreError {
-    match e.sqlite_error_code() {
-        Some(
-            ErrorCode::DatabaseBusy
-            | ErrorCode::DatabaseLocked
-            | ErrorCode::SystemIoFailure
-            | ErrorCode::CannotOpen
-            | ErrorCode::OutOfMemory,
-        ) => StoreError::Unavailable(e.into()),
-        Some(ErrorCode::ReadOnly) => StoreError::NotWritable(
-            anyhow::Error::new(e).context("the SQLite file or its file system is read-only"),
-        ),
-        Some(ErrorCode::DiskFull) => {
-            StoreError::NotWritable(anyhow::Error::new(e).context("the disk is full"))
-        }
-        _ => StoreError::Internal(e.into()),
-    }
-}
+pub use fencelock::guard::sqlite::classify;
 
 /// The store's clock: this process's wall clock, in Unix milliseconds. Every server sharing a
 /// file runs on the same machine, so they share this clock.
@@ -973,7 +953,7 @@ mod history {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{LockDelay, Ttl, WaitFor};
+    use fencelock::domain::{LockDelay, Ttl, WaitFor};
 
     /// The statements of acquisitions stay prepared from one acquisition to the next, whatever
     /// values are bound (see `prepare_once`).

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::domain::{Lease, ResourceName, Ticket, time_left_ms};
 use crate::store::Seen;
+use fencelock::domain::{Lease, ResourceName, Ticket, time_left_ms};
 
 /// This process's waiters, per resource, by ticket. A std mutex: held for a map operation
 /// only, never across an `.await`.

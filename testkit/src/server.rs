@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::ServerHandle;
-use fencelock::config::Settings;
-use fencelock::startup::Application;
-use fencelock::store::SharedStore;
+use fencelock_server::Application;
+use fencelock_server::Settings;
+use fencelock_server::SharedStore;
 use reqwest::{Client, Method, Response, StatusCode};
 use serde_json::{Value, json};
 
@@ -46,7 +46,7 @@ impl TestApp {
     }
 
     /// A server that requires bearer tokens: the auth file holds `auth_toml`, and the
-    /// returned directory holds the file (rewrite it and call [`fencelock::auth::Auth::reload`]
+    /// returned directory holds the file (rewrite it and call [`fencelock_server::auth_file::Auth::reload`]
     /// on the settings' `auth` to test a reload in-process).
     pub async fn spawn_with_auth(kind: StoreKind, auth_toml: &str) -> (Self, tempfile::TempDir) {
         Self::spawn_with_auth_and(kind, auth_toml, |_| {}).await
@@ -61,7 +61,8 @@ impl TestApp {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let path = dir.path().join("auth.toml");
         std::fs::write(&path, auth_toml).expect("the auth file is written");
-        let auth = Arc::new(fencelock::auth::Auth::load(&path).expect("the auth file loads"));
+        let auth =
+            Arc::new(fencelock_server::auth_file::Auth::load(&path).expect("the auth file loads"));
         let app = Self::spawn_on(TestDb::new(kind).await, move |settings| {
             settings.auth = Some(auth);
             tweak(settings);
@@ -287,7 +288,7 @@ fn block_on<F: Future>(future: F) -> F::Output {
 pub fn token_entry(name: &str, secret: &str, prefixes: &[&str], permissions: &[&str]) -> String {
     format!(
         "[[tokens]]\nname = {name:?}\nsha256 = \"{}\"\nprefixes = {prefixes:?}\npermissions = {permissions:?}\n",
-        fencelock::auth::hex(&fencelock::auth::sha256(secret.as_bytes()))
+        fencelock_server::auth_file::hex(&fencelock_server::auth_file::sha256(secret.as_bytes()))
     )
 }
 
@@ -302,11 +303,11 @@ pub fn client() -> Client {
 }
 
 fn init_logging() {
-    static LOGS: std::sync::OnceLock<Option<fencelock::telemetry::LogGuard>> =
+    static LOGS: std::sync::OnceLock<Option<fencelock_server::LogGuard>> =
         std::sync::OnceLock::new();
     LOGS.get_or_init(|| {
         std::env::var_os("TEST_LOG").is_some().then(|| {
-            fencelock::telemetry::init(fencelock::config::LogFormat::Text)
+            fencelock_server::init_logs(fencelock_server::LogFormat::Text)
                 .expect("a valid RUST_LOG")
         })
     });

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::store::StoreConfig;
-use fencelock::store::postgres::PgConfig;
+use fencelock_server::StoreConfig;
+use fencelock_server::postgres::PgConfig;
 
 /// The two stores every contract rule runs against (see [`contract!`](crate::contract)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

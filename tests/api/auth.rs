@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::auth::Auth;
+use fencelock_server::auth_file::Auth;
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -449,7 +449,7 @@ async fn token_new_prints_a_secret_and_a_block_that_lets_it_in() {
     let stdout = String::from_utf8(output.stdout).unwrap();
     let (secret, block) = stdout.split_once('\n').unwrap();
     assert!(secret.len() >= 22, "{secret}");
-    let tokens = fencelock::auth::Tokens::parse(block).unwrap();
+    let tokens = fencelock_server::auth_file::Tokens::parse(block).unwrap();
     assert_eq!(tokens.lookup(secret).unwrap().name(), "ci-runner");
     let again = command(None, dir.path())
         .args(["token", "new", "ci-runner"])

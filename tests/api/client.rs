@@ -8,8 +8,8 @@
 use std::time::{Duration, Instant};
 
 use fencelock::client::{Client, Error, Lease, LossReason, RetryPolicy};
-use fencelock::config::Settings;
-use fencelock::store::StoreConfig;
+use fencelock_server::Settings;
+use fencelock_server::StoreConfig;
 use fencelock_testkit::closed_port;
 
 use crate::helpers::{StoreKind, TestApp, TestDb};

@@ -4,8 +4,8 @@
 //! misconfiguration, named at ERROR and in `/readyz` (never an outage to wait out); the
 //! settings that can work give sessions encrypted as `sslmode` says.
 
-use fencelock::store::StoreError;
-use fencelock::store::postgres::{PgConfig, classify};
+use fencelock_server::StoreError;
+use fencelock_server::postgres::{PgConfig, classify};
 
 use crate::helpers::{ClusterOptions, ClusterTls, PrivateCluster, client, first_column};
 use crate::misconfig::misconfiguration_is_named;

@@ -39,7 +39,7 @@ const P99_BOUND: Duration = Duration::from_millis(500);
 
 async fn app_with_short_timeout(kind: StoreKind) -> TestApp {
     // The test process holds both ends of every connection: make room for them.
-    let _ = fencelock::startup::raise_open_file_limit();
+    let _ = fencelock_server::raise_open_file_limit();
     TestApp::spawn_on(TestDb::new(kind).await, |s| s.request_timeout = TIMEOUT).await
 }
 

@@ -10,7 +10,7 @@ use fencelock::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, LockDelay, Owner, ReleaseOutcome,
     ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ttl,
 };
-use fencelock::store::{Deadline, SharedStore};
+use fencelock_server::{Deadline, SharedStore};
 
 use crate::helpers::{StoreKind, TTL, TestApp};
 

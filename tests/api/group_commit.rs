@@ -18,7 +18,7 @@ use fencelock::domain::{
     Owner, PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
     ResourceName, TokenQuota, Ttl,
 };
-use fencelock::store::{Deadline, SharedStore, StoreError};
+use fencelock_server::{Deadline, SharedStore, StoreError};
 use futures_util::future::{JoinAll, join_all};
 
 use crate::helpers::{Exposition, RowLock, StoreKind, TTL, TestApp};

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use fencelock::config::Settings;
-use fencelock::store::StoreConfig;
+use fencelock_server::Settings;
+use fencelock_server::StoreConfig;
 use fencelock_testkit::Proxy;
 use futures_util::StreamExt as _;
 use serde_json::{Value, json};

@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use fencelock::config::Settings;
-use fencelock::store::StoreConfig;
+use fencelock_server::Settings;
+use fencelock_server::StoreConfig;
 use fencelock_testkit::closed_port;
 use serde_json::{Value, json};
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fencelock::store::postgres::{PgConfig, pool};
+use fencelock_server::postgres::{PgConfig, pool};
 
 use crate::helpers::{StoreKind, TestApp};
 

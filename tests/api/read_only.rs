@@ -167,7 +167,7 @@ async fn sqlite_full_disk_answers_503() {
     let disk = Tmpfs::mount("2m");
     let file = disk.path().join("fencelock.db");
     let mut settings =
-        fencelock::config::Settings::for_store(fencelock::store::StoreConfig::Sqlite(file.clone()));
+        fencelock_server::Settings::for_store(fencelock_server::StoreConfig::Sqlite(file.clone()));
     settings.bind = "127.0.0.1:0".parse().unwrap();
     let app = TestApp::spawn_with(TestDb::new(StoreKind::Sqlite).await, settings).await;
     app.acquire_ok("job:0", "a", TTL).await;

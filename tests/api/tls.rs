@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::store::StoreConfig;
+use fencelock_server::StoreConfig;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
 };
@@ -72,7 +72,8 @@ impl Pki {
 }
 
 async fn spawn_https(pki: &Pki) -> TestApp {
-    let tls = fencelock::tls::server_config(&pki.path("cert.pem"), &pki.path("key.pem")).unwrap();
+    let tls =
+        fencelock_server::tls_server_config(&pki.path("cert.pem"), &pki.path("key.pem")).unwrap();
     TestApp::spawn_on(TestDb::new(StoreKind::Sqlite).await, move |settings| {
         settings.tls = Some(Arc::new(tls));
     })

@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 use fencelock::domain::FenceKeys;
 use fencelock::guard::{FENCING_TOKEN, Guard, GuardMetrics};
 use fencelock::metrics::Registry;
-use fencelock::store::StoreOptions;
+use fencelock_server::StoreOptions;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use reqwest::StatusCode;

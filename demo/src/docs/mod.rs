@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock::domain::{Fence, ResourceName};
 use fencelock::guard::{CheckedFence, Guard};
-use fencelock::store::StoreError;
-use fencelock::store::{StoreConfig, StoreOptions};
+use fencelock_server::StoreError;
+use fencelock_server::{StoreConfig, StoreOptions};
 use serde::Serialize;
 use serde_json::Value;
 

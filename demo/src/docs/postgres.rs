@@ -3,8 +3,8 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use fencelock::domain::ResourceName;
 use fencelock::guard::{self, Admission, GuardMetrics};
-use fencelock::store::postgres::{PgConfig, classify, classify_pool};
-use fencelock::store::{StoreError, StoreOptions};
+use fencelock_server::postgres::{PgConfig, classify, classify_pool};
+use fencelock_server::{StoreError, StoreOptions};
 use tokio::sync::OnceCell;
 
 use super::{Doc, DocStore, Guarding, Outcome, Page, Put, Write, WriteRecord, WritesPage, corrupt};
@@ -46,7 +46,7 @@ impl PgDocs {
         settings: StoreOptions,
         guard: GuardMetrics,
     ) -> anyhow::Result<Self> {
-        let pool = fencelock::store::postgres::pool(config, settings.pool_size, settings.timeout)?;
+        let pool = fencelock_server::postgres::pool(config, settings.pool_size, settings.timeout)?;
         let docs = Self {
             pool,
             guarding,

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock::domain::ResourceName;
 use fencelock::guard::{self, Admission, GuardMetrics};
-use fencelock::store::StoreError;
+use fencelock_server::StoreError;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::{Doc, DocStore, Guarding, Outcome, Page, Put, Write, WriteRecord, WritesPage};
@@ -36,7 +36,7 @@ pub struct SqliteDocs {
 
 impl SqliteDocs {
     pub fn open(path: &Path, guarding: Guarding, guard: GuardMetrics) -> anyhow::Result<Self> {
-        let conn = fencelock::store::sqlite::connect(path)?;
+        let conn = fencelock_server::sqlite::connect(path)?;
         conn.execute_batch(guard::sqlite::SCHEMA)?;
         conn.execute_batch(SCHEMA)?;
         Ok(Self {
@@ -69,7 +69,7 @@ impl SqliteDocs {
 
 fn classify(e: anyhow::Error) -> StoreError {
     match e.downcast::<rusqlite::Error>() {
-        Ok(e) => fencelock::store::sqlite::classify(e),
+        Ok(e) => fencelock_server::sqlite::classify(e),
         Err(e) => StoreError::Internal(e),
     }
 }

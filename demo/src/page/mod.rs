@@ -287,7 +287,7 @@ async fn run_state(stage: &Stage, run: &Run, newest: bool) -> Result<RunState, A
 /// A store call within the store timeout: past it, `503`, as every demo store request.
 async fn ask<T>(
     timeout: std::time::Duration,
-    operation: impl Future<Output = Result<T, fencelock::store::StoreError>>,
+    operation: impl Future<Output = Result<T, fencelock_server::StoreError>>,
 ) -> Result<T, ApiError> {
     match tokio::time::timeout(timeout, operation).await {
         Ok(result) => result.map_err(ApiError::from),

@@ -3,10 +3,10 @@
 use fencelock::domain::FenceKeys;
 use fencelock::guard::{Guard, GuardMetrics};
 use fencelock::metrics::Registry;
-use fencelock::store::StoreOptions;
 use fencelock_demo::app::DemoServer;
 use fencelock_demo::docs::{self, Guarding};
 use fencelock_demo::page::PageOptions;
+use fencelock_server::StoreOptions;
 
 /// A demo store on `url`, bound to a free local port, with its own metrics registry and a
 /// guard holding `keys` (none: bare fences are accepted).

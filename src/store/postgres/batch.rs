@@ -45,12 +45,12 @@ use tokio_postgres::types::{FromSql, ToSql};
 use tracing::Instrument as _;
 
 use super::{DRIVERS, Db, acquisition, classify};
-use crate::domain::{
+use crate::store::{Deadline, StoreError};
+use fencelock::domain::{
     AcquireOutcome, AcquireRequest, Fence, Lease, Owner, ReleaseOutcome, ReleaseRequest,
     RenewOutcome, RenewRequest, ResourceName,
 };
-use crate::metrics::{self, Registry};
-use crate::store::{Deadline, StoreError};
+use fencelock::metrics::{self, Registry};
 
 /// Committers per store: the lead and the standby (only the lead with a pool of one); each
 /// holds one pooled connection while it works.

@@ -9,7 +9,7 @@ use anyhow::bail;
 
 /// Whether `text` is a key-value connection string rather than a URL: it starts with a
 /// `key=`, and has no `://`.
-pub fn is_key_value(text: &str) -> bool {
+pub(crate) fn is_key_value(text: &str) -> bool {
     let text = text.trim_start();
     let key_len = text
         .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
@@ -20,14 +20,14 @@ pub fn is_key_value(text: &str) -> bool {
 /// One `key=value` pair: the key, the value as written (quotes and escapes included), and
 /// the value it stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pair {
+pub(crate) struct Pair {
     pub key: String,
     pub raw: String,
     pub value: String,
 }
 
 impl Pair {
-    pub fn written(&self) -> String {
+    pub(crate) fn written(&self) -> String {
         format!("{}={}", self.key, self.raw)
     }
 }
@@ -35,7 +35,7 @@ impl Pair {
 /// Splits a key-value connection string into its pairs, following libpq's rules: spaces
 /// around `=` are allowed; a value is either a run of non-space characters or a
 /// single-quoted string, in both of which `\` escapes the next character.
-pub fn parse(text: &str) -> anyhow::Result<Vec<Pair>> {
+pub(crate) fn parse(text: &str) -> anyhow::Result<Vec<Pair>> {
     let mut pairs = Vec::new();
     let mut chars = text.char_indices().peekable();
     loop {
@@ -87,7 +87,7 @@ pub fn parse(text: &str) -> anyhow::Result<Vec<Pair>> {
 }
 
 /// `pairs` written back, the password's value masked.
-pub fn redacted(pairs: &[Pair]) -> String {
+pub(crate) fn redacted(pairs: &[Pair]) -> String {
     pairs
         .iter()
         .map(|p| {

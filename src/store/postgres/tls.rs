@@ -29,7 +29,7 @@ use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
 use tokio_postgres::config::SslMode as DriverSslMode;
-pub use tokio_postgres_rustls::MakeRustlsConnect;
+pub(crate) use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// libpq's `sslmode` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,7 +126,7 @@ impl PgTls {
 /// `url` without its `sslmode` and `sslrootcert` parameters (query parameters of a URL, or
 /// pairs of a key-value connection string), and what they said. The other parameters stay,
 /// in order, for tokio-postgres.
-pub fn take_tls_parameters(url: &str) -> anyhow::Result<(String, PgTls)> {
+pub(crate) fn take_tls_parameters(url: &str) -> anyhow::Result<(String, PgTls)> {
     if super::conninfo::is_key_value(url) {
         let mut kept = Vec::new();
         let mut mode = SslMode::Prefer;
@@ -267,7 +267,7 @@ impl ServerCertVerifier for NameUnchecked {
 /// The TLS error under a failed connection, if the handshake itself failed (a certificate
 /// not trusted, no protocol in common): a setting to fix, not an outage to wait out. A
 /// connection lost during the handshake carries no TLS error and stays transient.
-pub fn handshake_failure(e: &tokio_postgres::Error) -> Option<&rustls::Error> {
+pub(crate) fn handshake_failure(e: &tokio_postgres::Error) -> Option<&rustls::Error> {
     let mut source = std::error::Error::source(e);
     while let Some(cause) = source {
         if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
@@ -292,7 +292,7 @@ pub fn handshake_failure(e: &tokio_postgres::Error) -> Option<&rustls::Error> {
 /// text, so that text is compared here. It is the driver's text, not the server's (which
 /// may be translated); the private-cluster test with `ssl = off` fails if a driver version
 /// changes it.
-pub fn server_refused_tls(e: &tokio_postgres::Error) -> bool {
+pub(crate) fn server_refused_tls(e: &tokio_postgres::Error) -> bool {
     const REFUSED: &str = "server does not support TLS";
     e.as_db_error().is_none()
         && std::error::Error::source(e).is_some_and(|cause| cause.to_string() == REFUSED)

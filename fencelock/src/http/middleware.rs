@@ -3,26 +3,19 @@
 //! one line per request.
 //!
 //! Requests the HTTP parser refuses never reach the middleware: actix-http answers them
-//! itself. [`refused_by_parser`] renders those answers as problem documents too, through the
-//! hook of the vendored actix-http (see `vendor/README.md`).
+//! itself, with an empty body.
 
-use std::fmt::Write as _;
 use std::time::Instant;
 
 use actix_web::Error;
 use actix_web::HttpMessage as _;
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::StatusCode;
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::middleware::Next;
-use actix_web::web::Bytes;
 use tracing::Instrument as _;
 
 use super::problem::{ApiError, PROBLEM_JSON};
-
-/// Longest request target quoted back as a problem's `instance`.
-const MAX_INSTANCE_BYTES: usize = 256;
 
 /// The header a request id travels in, both ways.
 pub const REQUEST_ID: &str = "x-request-id";
@@ -88,6 +81,10 @@ fn problem(
     };
     // An error of fencelock's own has set its status and headers already; one of the
     // framework's is answered as the problem its status stands for.
+    if error.as_error::<ApiError>().is_none() && is_problem(response.response().headers()) {
+        // An error type with a problem document of its own (the guard's `GuardError`).
+        return response.map_body(|_, body| BoxBody::new(with_instance(body, path, id)));
+    }
     let fallback;
     let (api, head) = match error.as_error::<ApiError>() {
         Some(api) => (api, None),
@@ -116,6 +113,31 @@ fn problem(
     response.map_body(|_, _| BoxBody::new(document))
 }
 
+fn is_problem(headers: &actix_web::http::header::HeaderMap) -> bool {
+    headers
+        .get(actix_web::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == PROBLEM_JSON.as_bytes())
+}
+
+/// A problem document written by another error type, with this request's `instance` and
+/// `request_id` added. A body that is not a complete JSON object is kept as it is.
+fn with_instance(body: impl MessageBody + 'static, path: &str, id: &str) -> BoxBody {
+    let bytes = match body.try_into_bytes() {
+        Ok(bytes) => bytes,
+        Err(streamed) => return BoxBody::new(streamed),
+    };
+    match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes) {
+        Ok(mut problem) => {
+            problem
+                .entry("instance")
+                .or_insert_with(|| path.to_owned().into());
+            problem.insert("request_id".to_owned(), id.to_owned().into());
+            BoxBody::new(serde_json::to_vec(&problem).expect("a problem document serialises"))
+        }
+        Err(_) => BoxBody::new(bytes),
+    }
+}
+
 /// The client's `X-Request-Id` when it is 1-128 characters of `A-Z a-z 0-9 . _ -`; otherwise
 /// (none, empty, too long, anything else) a fresh one: a log line must never carry a
 /// client's control bytes or an id that cannot be searched for.
@@ -141,85 +163,9 @@ pub fn instance_of(uri: &actix_web::http::Uri) -> String {
     }
 }
 
-/// Makes every server in this process answer the requests its HTTP parser refuses with a
-/// problem document (see [`refused_by_parser`]).
-pub fn install_refusal_renderer() {
-    actix_http::h1::set_refusal_renderer(refused_by_parser);
-}
-
-/// The answer to a request refused by the HTTP/1 parser before any route sees it: bad bytes
-/// in the request line or a header, bad or conflicting framing headers (`400`), a head too
-/// large (`431`) or too slow (`408`). `received` is what the client sent, from its start. A
-/// client's mistake, so logged at WARN: any client can send these.
-pub fn refused_by_parser(status: StatusCode, received: &[u8]) -> (HeaderValue, Bytes) {
-    let error = match status {
-        StatusCode::BAD_REQUEST => ApiError::Malformed(
-            "the request is not valid HTTP/1.1: a bad byte in the request line or a header, or an invalid or conflicting Content-Length or Transfer-Encoding".to_owned(),
-        ),
-        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => ApiError::HeadersTooLarge(
-            "the request head has too many or too large header fields".to_owned(),
-        ),
-        StatusCode::REQUEST_TIMEOUT => ApiError::RequestTimeout(
-            "the request head did not arrive within the request timeout".to_owned(),
-        ),
-        other => ApiError::from_status(other),
-    };
-    let instance = request_target(received);
-    // The parser refused the head, so no header of it is trusted; the id is new.
-    let id = request_id(None);
-    tracing::warn!(
-        http.status = status.as_u16(),
-        http.target = %instance,
-        request_id = %id,
-        detail = %error,
-        "request refused by the HTTP parser"
-    );
-    (
-        HeaderValue::from_static(PROBLEM_JSON),
-        Bytes::from(error.problem_json(&instance, &id)),
-    )
-}
-
-/// The target of the request line at the start of `received`, as far as it can be told, with
-/// every byte that may not stand in a URI percent-encoded, and cut short if long: it is the
-/// client's own text, going into a response and a log line.
-fn request_target(received: &[u8]) -> String {
-    let line = received.split(|b| *b == b'\n').next().unwrap_or_default();
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let Some(target) = line.split(|b| *b == b' ').nth(1) else {
-        return String::new();
-    };
-    let mut instance = String::with_capacity(target.len().min(MAX_INSTANCE_BYTES));
-    for &byte in target {
-        if instance.len() >= MAX_INSTANCE_BYTES {
-            instance.push_str("...");
-            break;
-        }
-        if byte.is_ascii_graphic() && !matches!(byte, b'"' | b'\\' | b'<' | b'>' | b'`') {
-            instance.push(char::from(byte));
-        } else {
-            let _ = write!(instance, "%{byte:02X}");
-        }
-    }
-    instance
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_request_target_is_quoted_safely() {
-        assert_eq!(request_target(b"GET /locks/a HTTP/1.1\r\n"), "/locks/a");
-        assert_eq!(request_target(b"GET /lo\x01cks HTTP/1.1\r\n"), "/lo%01cks");
-        assert_eq!(request_target(b"GET /a\r\n"), "/a");
-        assert_eq!(request_target(b"GET /a b\r\n"), "/a");
-        assert_eq!(request_target(b"garbage"), "");
-        assert_eq!(request_target(b""), "");
-        let long = format!("GET /{} HTTP/1.1", "a".repeat(100_000));
-        let quoted = request_target(long.as_bytes());
-        assert!(quoted.len() <= MAX_INSTANCE_BYTES + 3 && quoted.ends_with("..."));
-    }
 
     #[test]
     fn request_ids_are_kept_when_safe_and_made_otherwise() {
@@ -232,24 +178,5 @@ mod tests {
             assert_eq!(made.len(), 36, "{made}");
         }
         assert_ne!(request_id(None), request_id(None));
-    }
-
-    #[test]
-    fn refusals_are_problem_documents() {
-        for (status, kind) in [
-            (StatusCode::BAD_REQUEST, "malformed-request"),
-            (
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "headers-too-large",
-            ),
-            (StatusCode::REQUEST_TIMEOUT, "request-timeout"),
-        ] {
-            let (content_type, body) = refused_by_parser(status, b"GET /x HTTP/1.1\r\n");
-            assert_eq!(content_type, PROBLEM_JSON);
-            let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            assert_eq!(problem["type"], kind);
-            assert_eq!(problem["status"], status.as_u16());
-            assert_eq!(problem["instance"], "/x");
-        }
     }
 }

@@ -31,9 +31,10 @@
 //! }
 //! ```
 
-use rusqlite::{OptionalExtension, Transaction, params};
+use rusqlite::{ErrorCode, OptionalExtension, Transaction, params};
 
 use super::{Admission, CheckedFence, GuardMetrics};
+use crate::StoreError;
 use crate::domain::Fence;
 
 /// The guard's table; idempotent, for a service's own migrations or start-up.
@@ -77,4 +78,26 @@ pub fn admit(
     Ok(metrics.decided(Admission::Stale {
         current: Fence::new(current).unwrap_or(fence),
     }))
+}
+
+/// Sorts SQLite failures by result code: busy, locked, I/O, disk full and the like are
+/// `Unavailable` (`503`); anything else is `Internal` (`500`). Public so that services beside
+/// the lease store (the demo store) sort their own failures the same way.
+pub fn classify(e: rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(
+            ErrorCode::DatabaseBusy
+            | ErrorCode::DatabaseLocked
+            | ErrorCode::SystemIoFailure
+            | ErrorCode::CannotOpen
+            | ErrorCode::OutOfMemory,
+        ) => StoreError::Unavailable(e.into()),
+        Some(ErrorCode::ReadOnly) => StoreError::NotWritable(
+            anyhow::Error::new(e).context("the SQLite file or its file system is read-only"),
+        ),
+        Some(ErrorCode::DiskFull) => {
+            StoreError::NotWritable(anyhow::Error::new(e).context("the disk is full"))
+        }
+        _ => StoreError::Internal(e.into()),
+    }
 }

@@ -224,12 +224,10 @@ impl ApiError {
     }
 }
 
-/// A store that could not answer: `503` while a retry may succeed, `500` for a bug. Only with
-/// the lease store (`server`): the toolkit alone knows no store.
-#[cfg(feature = "server")]
-impl From<crate::store::StoreError> for ApiError {
-    fn from(e: crate::store::StoreError) -> Self {
-        use crate::store::StoreError;
+/// A store that could not answer: `503` while a retry may succeed, `500` for a bug.
+impl From<crate::StoreError> for ApiError {
+    fn from(e: crate::StoreError) -> Self {
+        use crate::StoreError;
         match e {
             StoreError::Unavailable(cause) => Self::StoreUnavailable(cause),
             StoreError::NotWritable(cause) => Self::StoreNotWritable(cause),

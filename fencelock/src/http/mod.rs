@@ -6,8 +6,7 @@
 //! - [`body`]: reading a request body with the contract's order of checks, and strict
 //!   readers for one field's raw JSON text.
 //! - [`middleware`]: [`observe`], which every app wraps around its routes: it writes each
-//!   problem document (with its `instance`) and logs each request; and the renderer for
-//!   requests the HTTP parser refuses.
+//!   problem document (with its `instance`) and logs each request.
 //! - [`metrics`]: [`metrics::count`], the middleware that counts and times every answer
 //!   by route pattern, and [`metrics::expose`], the `GET /metrics` handler.
 //! - [`openapi`]: what every service's OpenAPI document shares: the problem schema, the
@@ -25,7 +24,7 @@ pub mod query;
 
 use actix_web::{HttpRequest, HttpResponse};
 
-pub use middleware::{install_refusal_renderer, observe};
+pub use middleware::observe;
 
 /// Largest request body accepted (`413` beyond). Here, not in `body`, because the problem
 /// type names it too.

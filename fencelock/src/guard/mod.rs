@@ -24,6 +24,11 @@
 //! Because the check holds the key's guard row locked until the transaction ends, no write
 //! with a lower fence can slip in between the check and the commit.
 //!
+//! Every refusal is a [`GuardError`], the guard's own error type: an actix-web
+//! `ResponseError` that answers with its RFC 9457 problem document (`428`, `400`, `403`,
+//! `409` with `current_fence`, `503`, `500`), whether or not the service also wraps its
+//! routes in [`crate::http::observe`] (which then adds the `instance` and `request_id`).
+//!
 //! The guard counts each decision in its [`GuardMetrics`]
 //! (`fencelock_guard_writes_total{outcome="admitted"|"stale"|"invalid_token"}`), so every
 //! service that uses the guard exposes how many late or unsigned writes it refused; serve
@@ -34,6 +39,8 @@ pub mod postgres;
 #[cfg(feature = "guard-sqlite")]
 pub mod sqlite;
 
+mod error;
+
 use std::future::{Ready, ready};
 
 use actix_web::dev::Payload;
@@ -42,9 +49,9 @@ use actix_web::{FromRequest, HttpRequest};
 
 use crate::domain::Fence;
 use crate::domain::fence_token::{self, FenceKeys};
-use crate::http::ApiError;
 use crate::metrics::label::Outcome;
 use crate::metrics::{self, Registry};
+pub use error::GuardError;
 
 /// The header a writer sends its fence in.
 pub const FENCING_TOKEN: &str = "Fencing-Token";
@@ -114,7 +121,7 @@ impl Guard {
     /// The fence `token` may write to `key` with, or why it may not: with keys, `403
     /// invalid-fence-token` (counted) for anything but a token one of them signed for `key`;
     /// without keys, `400` for anything but a fence.
-    pub fn check(&self, key: &str, token: &FencingToken) -> Result<CheckedFence, ApiError> {
+    pub fn check(&self, key: &str, token: &FencingToken) -> Result<CheckedFence, GuardError> {
         let fence = if self.keys.is_empty() {
             fence_token::unverified_fence(&token.0).ok_or_else(|| {
                 invalid(&format!(
@@ -125,7 +132,7 @@ impl Guard {
         } else {
             self.keys.verify(key, &token.0).map_err(|e| {
                 self.metrics.refused();
-                ApiError::InvalidFenceToken(format!("{FENCING_TOKEN} is refused for {key}: {e}"))
+                GuardError::InvalidToken(format!("{FENCING_TOKEN} is refused for {key}: {e}"))
             })?
         };
         Ok(CheckedFence {
@@ -154,13 +161,11 @@ impl CheckedFence {
     }
 }
 
-/// The `409 stale-fence` problem for a write to `key` refused by the guard.
-pub fn stale_write(key: &str, current: Fence) -> ApiError {
-    ApiError::StaleFence {
-        detail: format!(
-            "a write with fence {current} has been accepted for {key}; this writer's lease has passed"
-        ),
-        current_fence: Some(current),
+/// The `409 stale-fence` refusal of a write to `key`, which [`Admission::Stale`] reported.
+pub fn stale_write(key: &str, current: Fence) -> GuardError {
+    GuardError::Stale {
+        key: key.to_owned(),
+        current,
     }
 }
 
@@ -182,10 +187,10 @@ impl FencingToken {
     }
 
     /// Reads the header: exactly one non-empty value of visible ASCII.
-    pub fn from_headers(headers: &HeaderMap) -> Result<Self, ApiError> {
+    pub fn from_headers(headers: &HeaderMap) -> Result<Self, GuardError> {
         let mut values = headers.get_all(FENCING_TOKEN);
         let Some(value) = values.next() else {
-            return Err(ApiError::FencingTokenRequired(format!(
+            return Err(GuardError::TokenRequired(format!(
                 "send the fence_token (or, to a guard without keys, the fence) of your lease in the {FENCING_TOKEN} header"
             )));
         };
@@ -203,13 +208,13 @@ impl FencingToken {
     }
 }
 
-fn invalid(detail: &str) -> ApiError {
-    ApiError::Malformed(detail.to_owned())
+fn invalid(detail: &str) -> GuardError {
+    GuardError::NotAToken(detail.to_owned())
 }
 
 impl FromRequest for FencingToken {
-    type Error = ApiError;
-    type Future = Ready<Result<Self, ApiError>>;
+    type Error = GuardError;
+    type Future = Ready<Result<Self, GuardError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         ready(Self::from_headers(req.headers()))
@@ -248,7 +253,7 @@ mod tests {
     #[test]
     fn missing_header_is_428() {
         let err = FencingToken::from_headers(&headers(&[])).unwrap_err();
-        assert_eq!(err.status_and_type().0.as_u16(), 428);
+        assert_eq!(err.status().as_u16(), 428);
     }
 
     #[test]
@@ -268,12 +273,12 @@ mod tests {
             "99999999999999999999",
         ] {
             let err = fence(bad).unwrap_err();
-            assert_eq!(err.status_and_type().0.as_u16(), 400, "{bad:?}");
+            assert_eq!(err.status().as_u16(), 400, "{bad:?}");
         }
         let empty = FencingToken::from_headers(&headers(&[""])).unwrap_err();
-        assert_eq!(empty.status_and_type().0.as_u16(), 400);
+        assert_eq!(empty.status().as_u16(), 400);
         let twice = FencingToken::from_headers(&headers(&["1", "2"])).unwrap_err();
-        assert_eq!(twice.status_and_type().0.as_u16(), 400);
+        assert_eq!(twice.status().as_u16(), 400);
     }
 
     #[test]
@@ -291,7 +296,7 @@ mod tests {
         ] {
             let err = guard.check("k", &token(&refused)).unwrap_err();
             assert_eq!(
-                err.status_and_type(),
+                (err.status(), err.kind()),
                 (
                     actix_web::http::StatusCode::FORBIDDEN,
                     "invalid-fence-token"

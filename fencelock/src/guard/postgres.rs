@@ -1,0 +1,217 @@
+//! The guard on PostgreSQL.
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS fence_guard (
+//!     key        text        PRIMARY KEY,
+//!     fence      bigint      NOT NULL CHECK (fence > 0),
+//!     updated_at timestamptz NOT NULL DEFAULT now()
+//! );
+//! ```
+//!
+//! ```no_run
+//! # use fencelock::guard::{self, Admission, CheckedFence};
+//! async fn write(
+//!     client: &mut tokio_postgres::Client,
+//!     guard: &guard::Guard,
+//!     // From `guard.check(key, &token)?`, where `token` is the request's `FencingToken`
+//!     // and `key` the one this write is for: the token must be signed for that key.
+//!     fence: &CheckedFence,
+//!     body: &str,
+//! ) -> Result<Admission, tokio_postgres::Error> {
+//!     let tx = client.transaction().await?;
+//!     let admission = guard::postgres::admit(&tx, fence, guard.metrics()).await?;
+//!     if let Admission::Stale { .. } = admission {
+//!         return Ok(admission); // dropping tx rolls back: nothing was written
+//!     }
+//!     tx.execute("UPDATE documents SET body = $2 WHERE key = $1", &[&fence.key(), &body])
+//!         .await?;
+//!     tx.commit().await?;
+//!     Ok(admission)
+//! }
+//! ```
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{Socket, Transaction};
+
+use super::{Admission, CheckedFence, GuardMetrics};
+use crate::StoreError;
+use crate::domain::Fence;
+
+/// How long a request may wait for a pooled connection, for a new connection, or for a
+/// connection check, before it answers `503`. Short, so an outage is reported rather than
+/// queued behind.
+pub const POOL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The guard's table; idempotent, for a service's own migrations or start-up.
+pub const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS fence_guard (
+    key        text        PRIMARY KEY,
+    fence      bigint      NOT NULL CHECK (fence > 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+)";
+
+/// Raises the key's highest fence to `fence` if it is not lower. On a conflict the row is
+/// locked even when the condition fails, so the follow-up read sees the value that beat us
+/// and nobody can change it before our transaction ends.
+const ADMIT: &str = "
+INSERT INTO fence_guard AS g (key, fence) VALUES ($1, $2)
+ON CONFLICT (key) DO UPDATE SET fence = EXCLUDED.fence, updated_at = now()
+    WHERE g.fence <= EXCLUDED.fence
+RETURNING g.fence";
+
+const CURRENT: &str = "SELECT fence FROM fence_guard WHERE key = $1";
+
+/// Admits a write with `checked`'s fence to its key, or reports the greater fence already
+/// accepted. [`super::Guard::check`] made `checked` from the writer's token, for this key.
+///
+/// It takes the transaction that performs the write: call it before the write, and write
+/// only when admitted. The key's guard row stays locked until that transaction ends. The
+/// decision is counted in `metrics`.
+pub async fn admit(
+    tx: &Transaction<'_>,
+    checked: &CheckedFence,
+    metrics: &GuardMetrics,
+) -> Result<Admission, tokio_postgres::Error> {
+    let (key, fence) = (checked.key(), checked.fence());
+    if tx.query_opt(ADMIT, &[&key, &fence.get()]).await?.is_some() {
+        return Ok(metrics.decided(Admission::Admitted));
+    }
+    let current: i64 = tx.query_one(CURRENT, &[&key]).await?.get(0);
+    Ok(metrics.decided(Admission::Stale {
+        // The stored fence was admitted once, so it is a valid fence.
+        current: Fence::new(current).unwrap_or(fence),
+    }))
+}
+
+/// A connection pool for the request path of a protected service: no request waits longer
+/// than [`POOL_TIMEOUT`] for a connection, and no statement runs longer than
+/// `statement_timeout`, so an outage is answered with `503` rather than a hang. Connections
+/// are made on first use, not here.
+pub fn pool<T>(
+    mut config: tokio_postgres::Config,
+    tls: T,
+    size: usize,
+    statement_timeout: Duration,
+) -> anyhow::Result<Pool>
+where
+    T: MakeTlsConnect<Socket> + Clone + Sync + Send + 'static,
+    T::Stream: Sync + Send,
+    T::TlsConnect: Sync + Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    with_statement_timeout(&mut config, statement_timeout);
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(POOL_TIMEOUT);
+    }
+    let manager = Manager::from_config(config, tls, manager_config());
+    pool_of(manager, size)
+}
+
+/// Adds `statement_timeout` to the session options `config` already carries.
+pub fn with_statement_timeout(config: &mut tokio_postgres::Config, timeout: Duration) {
+    let options = format!(
+        "{} -c statement_timeout={}",
+        config.get_options().unwrap_or_default(),
+        timeout.as_millis()
+    );
+    config.options(options.trim_start());
+}
+
+/// How pooled connections are checked on their way out of the pool: a closed connection is
+/// detected without a round trip; one that dies while idle fails its next statement with a
+/// `503`, and the pool replaces it.
+pub fn manager_config() -> ManagerConfig {
+    ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    }
+}
+
+/// A pool of `size` connections from `manager`, with [`POOL_TIMEOUT`] on every wait.
+pub fn pool_of(manager: Manager, size: usize) -> anyhow::Result<Pool> {
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(POOL_TIMEOUT))
+        .create_timeout(Some(POOL_TIMEOUT))
+        .recycle_timeout(Some(POOL_TIMEOUT))
+        .build()
+        .context("building the PostgreSQL pool")
+}
+
+/// Sorts a PostgreSQL failure by SQLSTATE and connection state, never by the server's
+/// message text: a database that refuses writes is `NotWritable`, a refused login or
+/// database `Misconfigured` (both `503`, reported loudly); connection loss, timeouts and a
+/// busy or restarting server are `Unavailable` (`503`); anything else (a bad statement, a
+/// broken schema) is `Internal` (`500`).
+pub fn classify(e: tokio_postgres::Error) -> StoreError {
+    match e.code() {
+        Some(code) if code == &SqlState::READ_ONLY_SQL_TRANSACTION => {
+            return StoreError::NotWritable(anyhow::Error::new(e).context(
+                "PostgreSQL accepts only reads (a hot standby, or transaction_read_only is on)",
+            ));
+        }
+        Some(code)
+            if code == &SqlState::INVALID_PASSWORD
+                || code == &SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+                || code == &SqlState::INVALID_CATALOG_NAME
+                || code == &SqlState::INSUFFICIENT_PRIVILEGE =>
+        {
+            return StoreError::Misconfigured(
+                anyhow::Error::new(e).context("PostgreSQL refuses this login or database"),
+            );
+        }
+        Some(code) if code == &SqlState::DISK_FULL => {
+            return StoreError::NotWritable(
+                anyhow::Error::new(e).context("PostgreSQL's disk is full"),
+            );
+        }
+        _ => {}
+    }
+    let transient = e.is_closed()
+        || e.as_db_error().is_none()
+        || e.code().is_some_and(|code| {
+            code == &SqlState::T_R_SERIALIZATION_FAILURE
+                || code == &SqlState::T_R_DEADLOCK_DETECTED
+                || code == &SqlState::ADMIN_SHUTDOWN
+                || code == &SqlState::CRASH_SHUTDOWN
+                || code == &SqlState::CANNOT_CONNECT_NOW
+                || code == &SqlState::TOO_MANY_CONNECTIONS
+                || code == &SqlState::QUERY_CANCELED
+                || code == &SqlState::LOCK_NOT_AVAILABLE
+                || code.code().starts_with("08") // connection exceptions
+                || code.code().starts_with("53") // insufficient resources
+                || code.code().starts_with("57") // operator intervention
+        });
+    if transient {
+        StoreError::Unavailable(e.into())
+    } else {
+        StoreError::Internal(e.into())
+    }
+}
+
+/// A failure to get a connection from the pool, sorted with [`classify`].
+pub fn classify_pool(e: PoolError) -> StoreError {
+    classify_pool_with(e, classify)
+}
+
+/// A failure to get a connection: the database's own refusal is sorted by `classify` (a
+/// refused login is a misconfiguration, a server shutting down is transient); everything
+/// else about the pool (timeouts, closed) means the database cannot be reached right now.
+/// None of them is a reason for a `500`.
+pub fn classify_pool_with(
+    e: PoolError,
+    classify: impl FnOnce(tokio_postgres::Error) -> StoreError,
+) -> StoreError {
+    match e {
+        PoolError::Backend(e) => match classify(e) {
+            StoreError::Internal(cause) => StoreError::Unavailable(cause),
+            other => other,
+        },
+        other => StoreError::Unavailable(other.into()),
+    }
+}

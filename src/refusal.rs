@@ -1,0 +1,119 @@
+//! Problem documents for the requests actix-http's HTTP/1 parser refuses before any route
+//! sees them (bad bytes, a head too large or too slow).
+//!
+//! Stock actix-http answers those with an empty body and no hook to change it; the server
+//! builds on a patched copy (`vendor/actix-http`, see its README) that calls
+//! [`refused_by_parser`] instead. Only the server does: the `fencelock` library builds on
+//! stock actix-http, and a service that uses the guard keeps the framework's empty answers.
+
+use std::fmt::Write as _;
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::HeaderValue;
+use actix_web::web::Bytes;
+use fencelock::http::ApiError;
+use fencelock::http::middleware::request_id;
+use fencelock::http::problem::PROBLEM_JSON;
+
+/// Longest request target quoted back as a problem's `instance`.
+const MAX_INSTANCE_BYTES: usize = 256;
+
+/// Makes every server in this process answer the requests its HTTP parser refuses with a
+/// problem document (see [`refused_by_parser`]).
+pub fn install_refusal_renderer() {
+    actix_http::h1::set_refusal_renderer(refused_by_parser);
+}
+
+/// The answer to a request refused by the HTTP/1 parser before any route sees it: bad bytes
+/// in the request line or a header, bad or conflicting framing headers (`400`), a head too
+/// large (`431`) or too slow (`408`). `received` is what the client sent, from its start. A
+/// client's mistake, so logged at WARN: any client can send these.
+pub(crate) fn refused_by_parser(status: StatusCode, received: &[u8]) -> (HeaderValue, Bytes) {
+    let error = match status {
+        StatusCode::BAD_REQUEST => ApiError::Malformed(
+            "the request is not valid HTTP/1.1: a bad byte in the request line or a header, or an invalid or conflicting Content-Length or Transfer-Encoding".to_owned(),
+        ),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => ApiError::HeadersTooLarge(
+            "the request head has too many or too large header fields".to_owned(),
+        ),
+        StatusCode::REQUEST_TIMEOUT => ApiError::RequestTimeout(
+            "the request head did not arrive within the request timeout".to_owned(),
+        ),
+        other => ApiError::from_status(other),
+    };
+    let instance = request_target(received);
+    // The parser refused the head, so no header of it is trusted; the id is new.
+    let id = request_id(None);
+    tracing::warn!(
+        http.status = status.as_u16(),
+        http.target = %instance,
+        request_id = %id,
+        detail = %error,
+        "request refused by the HTTP parser"
+    );
+    (
+        HeaderValue::from_static(PROBLEM_JSON),
+        Bytes::from(error.problem_json(&instance, &id)),
+    )
+}
+
+/// The target of the request line at the start of `received`, as far as it can be told, with
+/// every byte that may not stand in a URI percent-encoded, and cut short if long: it is the
+/// client's own text, going into a response and a log line.
+fn request_target(received: &[u8]) -> String {
+    let line = received.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let Some(target) = line.split(|b| *b == b' ').nth(1) else {
+        return String::new();
+    };
+    let mut instance = String::with_capacity(target.len().min(MAX_INSTANCE_BYTES));
+    for &byte in target {
+        if instance.len() >= MAX_INSTANCE_BYTES {
+            instance.push_str("...");
+            break;
+        }
+        if byte.is_ascii_graphic() && !matches!(byte, b'"' | b'\\' | b'<' | b'>' | b'`') {
+            instance.push(char::from(byte));
+        } else {
+            let _ = write!(instance, "%{byte:02X}");
+        }
+    }
+    instance
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_request_target_is_quoted_safely() {
+        assert_eq!(request_target(b"GET /locks/a HTTP/1.1\r\n"), "/locks/a");
+        assert_eq!(request_target(b"GET /lo\x01cks HTTP/1.1\r\n"), "/lo%01cks");
+        assert_eq!(request_target(b"GET /a\r\n"), "/a");
+        assert_eq!(request_target(b"GET /a b\r\n"), "/a");
+        assert_eq!(request_target(b"garbage"), "");
+        assert_eq!(request_target(b""), "");
+        let long = format!("GET /{} HTTP/1.1", "a".repeat(100_000));
+        let quoted = request_target(long.as_bytes());
+        assert!(quoted.len() <= MAX_INSTANCE_BYTES + 3 && quoted.ends_with("..."));
+    }
+
+    #[test]
+    fn refusals_are_problem_documents() {
+        for (status, kind) in [
+            (StatusCode::BAD_REQUEST, "malformed-request"),
+            (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "headers-too-large",
+            ),
+            (StatusCode::REQUEST_TIMEOUT, "request-timeout"),
+        ] {
+            let (content_type, body) = refused_by_parser(status, b"GET /x HTTP/1.1\r\n");
+            assert_eq!(content_type, PROBLEM_JSON);
+            let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(problem["type"], kind);
+            assert_eq!(problem["status"], status.as_u16());
+            assert_eq!(problem["instance"], "/x");
+        }
+    }
+}

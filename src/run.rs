@@ -1,0 +1,135 @@
+//! The `fencelock` binary's command line: which command runs, with which settings, and its
+//! exit code.
+
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+
+use crate::config::{Cli, Command, Settings, TokenCommand};
+use crate::startup::{self, Application};
+use crate::store::{self, StoreConfig};
+use crate::{lock_command, shutdown, telemetry};
+
+/// The `fencelock` command: parses its arguments, then serves, migrates, checks, makes a
+/// token or runs `fencelock lock`.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse_command_line() {
+        Ok(cli) => cli,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // clap's own message spans several lines; start-up errors are one line.
+            let rendered = e.to_string();
+            let first = rendered.lines().next().unwrap_or("invalid arguments");
+            eprintln!("fencelock: {}", first.trim_start_matches("error: "));
+            return ExitCode::from(2);
+        }
+    };
+    let cli = match cli {
+        // A client of the server: none of the server's settings apply.
+        Cli {
+            command: Some(Command::Lock(args)),
+            ..
+        } => return lock_command::main(args),
+        cli => cli,
+    };
+    if let Some(Command::Token(TokenCommand::New { name })) = &cli.command {
+        return new_token(name);
+    }
+    let settings = match Settings::from_args(&cli.server) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("fencelock: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let command = cli.command.unwrap_or(Command::Serve);
+    // A check's answer is its one line on stdout; its logs only speak of trouble.
+    let default_filter = match command {
+        Command::Check => "warn",
+        Command::Serve | Command::Migrate | Command::Token(_) | Command::Lock(_) => "info",
+    };
+    let logs = match telemetry::init_with_default(settings.log_format, default_filter) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("fencelock: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+
+    let result = actix_web::rt::System::new().block_on(async move {
+        match command {
+            Command::Serve => serve(settings).await,
+            Command::Migrate => migrate(settings).await,
+            Command::Check => check(settings).await,
+            Command::Token(_) | Command::Lock(_) => {
+                unreachable!("answered before the runtime starts")
+            }
+        }
+    });
+    // Every buffered log line is out before the last line below.
+    drop(logs);
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line, whatever the cause's own text holds (PostgreSQL's DETAIL and HINT
+            // come on lines of their own).
+            let cause = format!("{e:#}").replace('\n', "; ");
+            eprintln!("fencelock: {cause}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<()> {
+    match startup::raise_open_file_limit() {
+        Ok(limit) => tracing::debug!(limit, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
+    }
+    let app = Application::build(settings).await?;
+    if let Some(auth) = app.auth() {
+        actix_web::rt::spawn(shutdown::hangups(move || auth.reload_logged()));
+    }
+    let handle = app.handle();
+    actix_web::rt::spawn(async move {
+        let signal = shutdown::signal().await;
+        tracing::info!(signal, "shutting down: finishing in-flight requests");
+        handle.stop(true).await;
+    });
+    app.run_until_stopped().await
+}
+
+async fn check(settings: Settings) -> anyhow::Result<()> {
+    let found = store::check(&settings.store, settings.store_options()).await?;
+    println!("fencelock check: ok: {found}");
+    Ok(())
+}
+
+async fn migrate(settings: Settings) -> anyhow::Result<()> {
+    let store = store::open(&settings.store, settings.store_options()).await?;
+    if let StoreConfig::Postgres(_) = settings.store {
+        // open() tolerates an unreachable database; an explicit migrate must not.
+        store.ping().await?;
+    }
+    tracing::info!(store = %store.describe(), "migrations applied");
+    Ok(())
+}
+
+/// `fencelock token new NAME`: the secret on the first line, then the block for the file.
+fn new_token(name: &str) -> ExitCode {
+    match crate::auth::new_token(name) {
+        Ok(token) => {
+            println!("{}\n\n{}", token.secret, token.block);
+            eprintln!(
+                "fencelock: the first line is the secret, shown only now: clients send it as `Authorization: Bearer <secret>`. Paste the block into the auth file, narrow its prefixes and permissions, and send the server SIGHUP."
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fencelock: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
