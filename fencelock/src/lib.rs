@@ -1,4 +1,6 @@
-//! fencelock: fencing tokens for distributed leases.
+#![doc = include_str!("../README.md")]
+//!
+//! # This crate
 //!
 //! This crate is what a worker or a protected service depends on: the validated domain
 //! types, the worker client of the fencelock lease server, and the write guard that lets a
