@@ -62,23 +62,3 @@ impl From<Option<Duration>> for KeepAlive {
         .normalize()
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn from_impls() {
-        let test: KeepAlive = Duration::from_secs(1).into();
-        assert_eq!(test, KeepAlive::Timeout(Duration::from_secs(1)));
-
-        let test: KeepAlive = Duration::from_secs(0).into();
-        assert_eq!(test, KeepAlive::Disabled);
-
-        let test: KeepAlive = Some(Duration::from_secs(0)).into();
-        assert_eq!(test, KeepAlive::Disabled);
-
-        let test: KeepAlive = None.into();
-        assert_eq!(test, KeepAlive::Disabled);
-    }
-}

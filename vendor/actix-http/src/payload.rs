@@ -115,13 +115,3 @@ where
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use static_assertions::{assert_impl_all, assert_not_impl_any};
-
-    use super::*;
-
-    assert_impl_all!(Payload: Unpin);
-    assert_not_impl_any!(Payload: Send, Sync);
-}

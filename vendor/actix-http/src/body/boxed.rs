@@ -97,25 +97,3 @@ impl MessageBody for BoxBody {
         self
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use static_assertions::{assert_impl_all, assert_not_impl_any};
-
-    use super::*;
-    use crate::body::to_bytes;
-
-    assert_impl_all!(BoxBody: fmt::Debug, MessageBody, Unpin);
-    assert_not_impl_any!(BoxBody: Send, Sync);
-
-    #[actix_rt::test]
-    async fn nested_boxed_body() {
-        let body = Bytes::from_static(&[1, 2, 3]);
-        let boxed_body = BoxBody::new(BoxBody::new(body));
-
-        assert_eq!(
-            to_bytes(boxed_body).await.unwrap(),
-            Bytes::from(vec![1, 2, 3]),
-        );
-    }
-}

@@ -107,16 +107,3 @@ where
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn type_parameter_inference() {
-        let _body: EitherBody<(), _> = EitherBody::new(());
-
-        let _body: EitherBody<_, ()> = EitherBody::left(());
-        let _body: EitherBody<(), _> = EitherBody::right(());
-    }
-}

@@ -1549,10 +1549,4 @@ fn trace_timer_states(
     }
 }
 
-#[cfg(test)]
-#[path = "dispatcher_tests.rs"]
-mod dispatcher_tests;
-
-#[cfg(test)]
-#[path = "dispatcher_buffer_tests.rs"]
-mod buffer_tests;
+// fencelock patch: the upstream tests of this module are not vendored (see vendor/README.md).

@@ -61,33 +61,3 @@ pub(crate) fn reserve_readbuf(src: &mut BytesMut) {
         src.reserve(HW - cap);
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::Request;
-
-    impl Message<Request> {
-        pub fn message(self) -> Request {
-            match self {
-                Message::Item(req) => req,
-                _ => panic!("error"),
-            }
-        }
-
-        pub fn chunk(self) -> Bytes {
-            match self {
-                Message::Chunk(Some(data)) => data,
-                _ => panic!("error"),
-            }
-        }
-
-        pub fn eof(self) -> bool {
-            match self {
-                Message::Chunk(None) => true,
-                Message::Chunk(Some(_)) => false,
-                _ => panic!("error"),
-            }
-        }
-    }
-}

@@ -73,32 +73,3 @@ pub fn http_percent_encode(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Res
     let encoded = percent_encoding::percent_encode(bytes, HTTP_VALUE);
     fmt::Display::fmt(&encoded, f)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn comma_delimited_parsing() {
-        let headers = [];
-        let res: Vec<usize> = from_comma_delimited(headers.iter()).unwrap();
-        assert_eq!(res, vec![0; 0]);
-
-        let headers = [
-            HeaderValue::from_static("1, 2"),
-            HeaderValue::from_static("3,4"),
-        ];
-        let res: Vec<usize> = from_comma_delimited(headers.iter()).unwrap();
-        assert_eq!(res, vec![1, 2, 3, 4]);
-
-        let headers = [
-            HeaderValue::from_static(""),
-            HeaderValue::from_static(","),
-            HeaderValue::from_static("  "),
-            HeaderValue::from_static("1    ,"),
-            HeaderValue::from_static(""),
-        ];
-        let res: Vec<usize> = from_comma_delimited(headers.iter()).unwrap();
-        assert_eq!(res, vec![1]);
-    }
-}
