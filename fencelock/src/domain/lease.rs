@@ -39,7 +39,7 @@ pub struct AcquireRequest {
     /// records it, and its quota is kept in the same atomic step as the grant.
     pub token: Option<TokenQuota>,
     /// How long the request may wait while another owner holds the resource (`wait_ms`).
-    /// Stores ignore it: waiting happens above them (`crate::waiting`).
+    /// Stores ignore it: waiting happens above them (the lease server's `waiting` module).
     pub wait: WaitFor,
     /// The caller's place in the resource's queue, while it waits: the store grants only to
     /// the head of a non-empty queue, and to a request without a ticket only when nobody

@@ -80,9 +80,9 @@ pub fn admit(
     }))
 }
 
-/// Sorts SQLite failures by result code: busy, locked, I/O, disk full and the like are
-/// `Unavailable` (`503`); anything else is `Internal` (`500`). Public so that services beside
-/// the lease store (the demo store) sort their own failures the same way.
+/// Sorts SQLite failures by result code: busy, locked, I/O and the like are `Unavailable`
+/// (`503`); a read-only file or a full disk `NotWritable` (`503`); anything else is
+/// `Internal` (`500`). The lease server's SQLite store sorts its failures with it too.
 pub fn classify(e: rusqlite::Error) -> StoreError {
     match e.sqlite_error_code() {
         Some(
