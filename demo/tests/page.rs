@@ -6,12 +6,11 @@
 
 mod browser;
 
-use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use browser::Browser;
-use fencelock_testkit::{StoreKind, TestApp};
+use fencelock_testkit::{StoreKind, TestApp, find_line, json_answer, logged_field};
 use serde_json::Value;
 
 /// The stories' pace in these tests: fast, yet with A's lease alive for 2 s, several polls
@@ -30,52 +29,44 @@ struct Served {
 }
 
 impl Served {
-    /// `fencelock-demo page`, which prints the page's URL.
-    fn page(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fencelock-demo"))
-            .args(["page", "--bind", "127.0.0.1:0"])
+    /// `fencelock-demo SUBCOMMAND --bind 127.0.0.1:0`, at the tests' [`PACE`], with `args`;
+    /// no setting of the developer's shell leaks in.
+    fn command(subcommand: &str, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock-demo"));
+        command
+            .args([subcommand, "--bind", "127.0.0.1:0"])
             .args(PACE)
             .args(args)
-            .env_remove("RUST_LOG")
+            .env_remove("FENCELOCK_DEMO_DATABASE_URL")
             .env_remove("FENCELOCK_DEMO_TOKEN")
+            .env_remove("RUST_LOG");
+        command
+    }
+
+    /// `fencelock-demo page`, which prints the page's URL.
+    fn page(args: &[&str]) -> Self {
+        let mut child = Self::command("page", args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("the demo binary runs");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let url = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .find_map(|line| Some(line.trim().strip_prefix("page:")?.trim().to_owned()))
-            .expect("the page's URL is printed");
-        std::thread::spawn(move || lines.for_each(drop));
+        let url = find_line(child.stdout.take().unwrap(), "the page's URL", |line| {
+            Some(line.trim().strip_prefix("page:")?.trim().to_owned())
+        });
         Self { child, url }
     }
 
     /// `fencelock-demo store`, which serves the page at `/` too; its port is in its log.
     fn store(args: &[&str], dir: &std::path::Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fencelock-demo"))
-            .args(["store", "--bind", "127.0.0.1:0"])
-            .args(PACE)
-            .args(args)
+        let mut child = Self::command("store", args)
             .current_dir(dir)
-            .env_remove("FENCELOCK_DEMO_DATABASE_URL")
-            .env_remove("FENCELOCK_DEMO_TOKEN")
-            .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("the demo binary runs");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let port = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .find_map(|line| {
-                let start = line.find("port=")? + "port=".len();
-                line[start..].split_whitespace().next()?.parse::<u16>().ok()
-            })
-            .expect("the store logs its port");
-        std::thread::spawn(move || lines.for_each(drop));
+        let port: u16 = find_line(child.stderr.take().unwrap(), "the store's port", |line| {
+            logged_field(line, "port")?.parse().ok()
+        });
         Self {
             child,
             url: format!("http://127.0.0.1:{port}/"),
@@ -264,14 +255,7 @@ async fn assert_policy(url: &str) {
         assert_eq!(header("x-content-type-options"), "nosniff", "/{path}");
     }
     // The page's JSON never shows an owner, the holder's secret.
-    let state: Value = http
-        .get(format!("{url}page/state"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let state = json_answer(http.get(format!("{url}page/state"))).await;
     assert!(!state.to_string().contains("\"owner\""), "{state}");
 }
 

@@ -11,7 +11,7 @@ use fencelock_demo::docs::Guarding;
 use fencelock_server::Application;
 use fencelock_server::Settings;
 use fencelock_server::StoreOptions;
-use fencelock_testkit::{TestDb, assert_succeeded};
+use fencelock_testkit::{TestDb, assert_succeeded, find_line, json_answer, logged_field};
 
 fn story(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fencelock-demo"))
@@ -240,7 +240,6 @@ fn story_runs_against_running_services() {
 /// `fencelock-demo store` serves the guarded store on its own (here on port 0, SQLite).
 #[tokio::test]
 async fn store_command_serves_the_guarded_store() {
-    use std::io::{BufRead, BufReader};
     use std::process::Stdio;
 
     let dir = tempfile::tempdir().unwrap();
@@ -253,17 +252,10 @@ async fn store_command_serves_the_guarded_store() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let port = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|line| {
-            let start = line.find("port=")? + "port=".len();
-            line[start..].split_whitespace().next()?.parse::<u16>().ok()
-        })
-        .expect("the store logs its port");
-    // Keep reading the log, as a terminal would.
-    std::thread::spawn(move || lines.for_each(drop));
+    // The log is read on after the port, as a terminal would.
+    let port: u16 = find_line(child.stderr.take().unwrap(), "the store's port", |line| {
+        logged_field(line, "port")?.parse().ok()
+    });
 
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let put = |fence: &'static str, text: &'static str| {
@@ -274,14 +266,7 @@ async fn store_command_serves_the_guarded_store() {
     };
     assert_eq!(put("3", "new").await.unwrap().status(), 200);
     assert_eq!(put("2", "late").await.unwrap().status(), 409);
-    let doc: serde_json::Value = http
-        .get(format!("http://127.0.0.1:{port}/docs/report:1"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc = json_answer(http.get(format!("http://127.0.0.1:{port}/docs/report:1"))).await;
     assert_eq!(doc["value"]["text"], "new");
     assert!(dir.path().join("fencelock-demo.db").exists());
 

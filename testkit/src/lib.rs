@@ -17,7 +17,8 @@
 //!   [`RowLock`].
 //! - `server`: [`TestApp`], a lease server on port 0 over a [`TestDb`], with request helpers;
 //!   [`client`], [`assert_problem`], [`assert_invalid`], [`invalid_fields`], [`fence`],
-//!   [`assert_public_lock`], [`sorted_keys`], [`token_entry`] (of an auth file) and [`TTL`].
+//!   [`assert_public_lock`], [`sorted_keys`], [`token_entry`] (of an auth file) and [`TTL`];
+//!   [`json_answer`] (any request's JSON answer) and [`watch_in_background`].
 //! - [`contract!`]: runs rules written once, as `async fn rule(kind: StoreKind)`, against
 //!   both stores.
 //! - [`Proxy`]: a TCP proxy between a service and its upstream (PostgreSQL, a lease server)
@@ -32,7 +33,8 @@
 //!   test server cannot be made to have: TLS required, or not offered.
 //! - [`closed_port`]: a local port nothing listens on, for "unreachable" tests.
 //! - `output`: [`assert_succeeded`] and [`assert_failed_in_one_line`], for a command run to
-//!   its end.
+//!   its end; [`find_line`] and [`logged_field`], for one still running.
+//! - `wait`: [`eventually`], a bounded wait for what happens on its own time.
 
 mod cluster;
 mod exposition;
@@ -42,20 +44,22 @@ mod proxy;
 mod raw;
 mod server;
 mod storage;
+mod wait;
 
 pub use cluster::{ClusterOptions, ClusterTls, PrivateCluster};
 pub use exposition::{Exposition, Sample, TEXT_FORMAT};
-pub use output::{assert_failed_in_one_line, assert_succeeded};
+pub use output::{assert_failed_in_one_line, assert_succeeded, find_line, logged_field};
 pub use proxy::Proxy;
 pub use raw::{RawResponse, assert_raw_problem, parse_raw, raw_exchange};
 pub use server::{
     TTL, TestApp, assert_invalid, assert_problem, assert_public_lock, client, fence,
-    invalid_fields, sorted_keys, token_entry, under_v1,
+    invalid_fields, json_answer, sorted_keys, token_entry, under_v1, watch_in_background,
 };
 pub use storage::{
     RowLock, StoreKind, TestDb, admin, admin_url, first_column, lock_waiters, pg_connect,
     postgres_addr,
 };
+pub use wait::eventually;
 
 /// Instantiates rules of the lease server's contract: each `rule`, an
 /// `async fn rule(kind: StoreKind)` in the calling module, becomes the tests

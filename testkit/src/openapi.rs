@@ -133,6 +133,21 @@ pub fn slugs(document: &Value, path: &str, method: &str, status: u16) -> Vec<Str
         .collect()
 }
 
+/// The parameters of an operation (`method` as in [`operations`]), in the document's order.
+pub fn parameters<'a>(document: &'a Value, path: &str, method: &str) -> &'a [Value] {
+    document["paths"][path][method.to_lowercase()]["parameters"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{method} {path} documents no parameters"))
+}
+
+/// The names of an operation's parameters, in the document's order.
+pub fn parameter_names<'a>(document: &'a Value, path: &str, method: &str) -> Vec<&'a str> {
+    parameters(document, path, method)
+        .iter()
+        .map(|p| p["name"].as_str().expect("a parameter name"))
+        .collect()
+}
+
 /// Asserts the slugs of documented problem answers, one `(path, method, status, slugs)` each.
 pub fn assert_slugs(document: &Value, expected: &[(&str, &str, u16, &[&str])]) {
     for &(path, method, status, expected) in expected {

@@ -6,11 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::ServerHandle;
+use chrono::{DateTime, Utc};
 use fencelock_server::Application;
 use fencelock_server::Settings;
 use fencelock_server::SharedStore;
-use reqwest::{Client, Method, Response, StatusCode};
+use reqwest::{Client, Method, RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
+use tokio::task::JoinHandle;
 
 use crate::storage::{StoreKind, TestDb};
 
@@ -243,9 +245,34 @@ impl TestApp {
             .await
     }
 
+    /// Releases and asserts `204`.
+    pub async fn release_ok(&self, resource: &str, body: Value) {
+        let response = self.release(resource, body).await;
+        assert_eq!(
+            response.status(),
+            StatusCode::NO_CONTENT,
+            "release of {resource}"
+        );
+    }
+
     pub async fn release_by_post(&self, resource: &str, body: Value) -> Response {
         self.json(Method::POST, &format!("/locks/{resource}/release"), &body)
             .await
+    }
+
+    /// Starts a watch of `resource`'s lease `lock` (its fence) for up to `timeout_ms`, on a
+    /// task of its own (see [`watch_in_background`]).
+    pub fn watch_in_background(
+        &self,
+        resource: &str,
+        lock: &Value,
+        timeout_ms: u64,
+    ) -> JoinHandle<(Value, DateTime<Utc>)> {
+        let url = self.url(&format!(
+            "/locks/{resource}/watch?fence={}&timeout_ms={timeout_ms}",
+            fence(lock)
+        ));
+        watch_in_background(&self.client, url)
     }
 
     /// `GET /metrics`, checked to be the Prometheus text format, parsed.
@@ -300,6 +327,32 @@ pub fn client() -> Client {
         .timeout(Duration::from_secs(30))
         .build()
         .expect("HTTP client")
+}
+
+/// Sends `request` and reads its answer's JSON body, whatever the status; fails the test,
+/// naming the request, when either step fails.
+pub async fn json_answer(request: RequestBuilder) -> Value {
+    let (client, request) = request.build_split();
+    let request = request.expect("a well-formed request");
+    let sent = format!("{} {}", request.method(), request.url());
+    client
+        .execute(request)
+        .await
+        .unwrap_or_else(|e| panic!("{sent}: {e}"))
+        .json()
+        .await
+        .unwrap_or_else(|e| panic!("{sent}: no JSON answer: {e}"))
+}
+
+/// Starts the watch `url` (a `GET /locks/{resource}/watch?...` of any server) on a task of
+/// its own, so that the test can change the lease meanwhile; the task yields the watch's
+/// answer and the moment it arrived.
+pub fn watch_in_background(client: &Client, url: String) -> JoinHandle<(Value, DateTime<Utc>)> {
+    let request = client.get(url);
+    tokio::spawn(async move {
+        let answer = json_answer(request).await;
+        (answer, Utc::now())
+    })
 }
 
 fn init_logging() {

@@ -210,54 +210,29 @@ impl TestDb {
     /// it had happened that much earlier. For resources without a live lease: the lease table
     /// is not touched.
     pub async fn age_history(&self, resource: &str, ago_ms: i64) {
-        match self {
-            Self::Postgres { .. } => {
-                pg_connect(&self.url())
-                    .await
-                    .execute(
-                        "UPDATE lease_history SET
-                             acquired_at = acquired_at - $2::bigint * interval '1 millisecond',
-                             expires_at = expires_at - $2::bigint * interval '1 millisecond',
-                             ended_at = ended_at - $2::bigint * interval '1 millisecond'
-                         WHERE resource = $1",
-                        &[&resource, &ago_ms],
-                    )
-                    .await
-                    .expect("ageing a history");
-            }
-            Self::Sqlite { path, .. } => {
-                sqlite(path)
-                    .execute(
-                        "UPDATE lease_history SET acquired_at = acquired_at - ?2,
-                             expires_at = expires_at - ?2, ended_at = ended_at - ?2
-                         WHERE resource = ?1",
-                        rusqlite::params![resource, ago_ms],
-                    )
-                    .expect("ageing a history");
-            }
-        }
+        self.change(
+            "ageing a history",
+            (
+                "UPDATE lease_history SET
+                     acquired_at = acquired_at - $2::bigint * interval '1 millisecond',
+                     expires_at = expires_at - $2::bigint * interval '1 millisecond',
+                     ended_at = ended_at - $2::bigint * interval '1 millisecond'
+                 WHERE resource = $1",
+                &[&resource, &ago_ms],
+            ),
+            (
+                "UPDATE lease_history SET acquired_at = acquired_at - ?2,
+                     expires_at = expires_at - ?2, ended_at = ended_at - ?2
+                 WHERE resource = ?1",
+                rusqlite::params![resource, ago_ms],
+            ),
+        )
+        .await;
     }
 
     /// Rows in the lease history for `resource`.
     pub async fn history_rows(&self, resource: &str) -> i64 {
-        match self {
-            Self::Postgres { .. } => pg_connect(&self.url())
-                .await
-                .query_one(
-                    "SELECT count(*) FROM lease_history WHERE resource = $1",
-                    &[&resource],
-                )
-                .await
-                .expect("counting history rows")
-                .get(0),
-            Self::Sqlite { path, .. } => sqlite(path)
-                .query_row(
-                    "SELECT count(*) FROM lease_history WHERE resource = ?1",
-                    [resource],
-                    |r| r.get(0),
-                )
-                .expect("counting history rows"),
-        }
+        self.count("lease_history", Some(resource)).await
     }
 
     /// Runs SQL (the same text on both stores) on the store's database, as an operator would.
@@ -300,118 +275,111 @@ impl TestDb {
 
     /// Tickets queued for `resource` (waiting acquisitions), live or expired.
     pub async fn waiters(&self, resource: &str) -> i64 {
-        match self {
-            Self::Postgres { .. } => pg_connect(&self.url())
-                .await
-                .query_one(
-                    "SELECT count(*) FROM lease_waiters WHERE resource = $1",
-                    &[&resource],
-                )
-                .await
-                .expect("counting waiters")
-                .get(0),
-            Self::Sqlite { path, .. } => sqlite(path)
-                .query_row(
-                    "SELECT count(*) FROM lease_waiters WHERE resource = ?1",
-                    [resource],
-                    |r| r.get(0),
-                )
-                .expect("counting waiters"),
-        }
+        self.count("lease_waiters", Some(resource)).await
     }
 
     /// Queues a ticket for `resource` that lives `live_for_ms` by the store's clock, as a
     /// waiter of an instance that then died would leave it.
     pub async fn queue_ticket(&self, resource: &str, live_for_ms: i64) {
-        match self {
-            Self::Postgres { .. } => {
-                pg_connect(&self.url())
-                    .await
-                    .execute(
-                        "INSERT INTO lease_waiters (resource, expires_at) VALUES ($1, now() + $2::bigint * interval '1 millisecond')",
-                        &[&resource, &live_for_ms],
-                    )
-                    .await
-                    .expect("queueing a ticket");
-            }
-            Self::Sqlite { path, .. } => {
-                let until = chrono::Utc::now().timestamp_millis() + live_for_ms;
-                sqlite(path)
-                    .execute(
-                        "INSERT INTO lease_waiters (resource, expires_at) VALUES (?1, ?2)",
-                        rusqlite::params![resource, until],
-                    )
-                    .expect("queueing a ticket");
-            }
-        }
+        let until = chrono::Utc::now().timestamp_millis() + live_for_ms;
+        self.change(
+            "queueing a ticket",
+            (
+                "INSERT INTO lease_waiters (resource, expires_at) VALUES ($1, now() + $2::bigint * interval '1 millisecond')",
+                &[&resource, &live_for_ms],
+            ),
+            (
+                "INSERT INTO lease_waiters (resource, expires_at) VALUES (?1, ?2)",
+                rusqlite::params![resource, until],
+            ),
+        )
+        .await;
     }
 
     /// Rows in the lease table for `resource`, live or expired.
     pub async fn rows(&self, resource: &str) -> i64 {
-        match self {
-            Self::Postgres { .. } => pg_connect(&self.url())
-                .await
-                .query_one(
-                    "SELECT count(*) FROM leases WHERE resource = $1",
-                    &[&resource],
-                )
-                .await
-                .expect("counting rows")
-                .get(0),
-            Self::Sqlite { path, .. } => sqlite(path)
-                .query_row(
-                    "SELECT count(*) FROM leases WHERE resource = ?1",
-                    [resource],
-                    |r| r.get(0),
-                )
-                .expect("counting rows"),
-        }
+        self.count("leases", Some(resource)).await
     }
 
     /// Adds `count` leases on one-off resources that expired `ago_ms` milliseconds ago.
     pub async fn insert_expired(&self, count: i64, ago_ms: i64) {
-        match self {
-            Self::Postgres { .. } => {
-                pg_connect(&self.url())
-                    .await
-                    .execute(
-                        "INSERT INTO leases (resource, owner, fence, acquired_at, expires_at)
-                         SELECT 'bulk-' || g, 'o', g,
-                                now() - $2::bigint * interval '1 millisecond' - interval '1 minute',
-                                now() - $2::bigint * interval '1 millisecond'
-                         FROM generate_series(1, $1::bigint) AS g",
-                        &[&count, &ago_ms],
-                    )
-                    .await
-                    .expect("inserting expired leases");
-            }
-            Self::Sqlite { path, .. } => {
-                let expired = chrono::Utc::now().timestamp_millis() - ago_ms;
-                sqlite(path)
-                    .execute(
-                        "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ?1)
-                         INSERT INTO leases (resource, owner, fence, acquired_at, expires_at)
-                         SELECT 'bulk-' || n, 'o', n, ?2 - 60000, ?2 FROM g",
-                        rusqlite::params![count, expired],
-                    )
-                    .expect("inserting expired leases");
-            }
-        }
+        let expired = chrono::Utc::now().timestamp_millis() - ago_ms;
+        self.change(
+            "inserting expired leases",
+            (
+                "INSERT INTO leases (resource, owner, fence, acquired_at, expires_at)
+                 SELECT 'bulk-' || g, 'o', g,
+                        now() - $2::bigint * interval '1 millisecond' - interval '1 minute',
+                        now() - $2::bigint * interval '1 millisecond'
+                 FROM generate_series(1, $1::bigint) AS g",
+                &[&count, &ago_ms],
+            ),
+            (
+                "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ?1)
+                 INSERT INTO leases (resource, owner, fence, acquired_at, expires_at)
+                 SELECT 'bulk-' || n, 'o', n, ?2 - 60000, ?2 FROM g",
+                rusqlite::params![count, expired],
+            ),
+        )
+        .await;
     }
 
     /// Every row in the lease table.
     pub async fn total_rows(&self) -> i64 {
+        self.count("leases", None).await
+    }
+
+    /// Runs one statement that changes the tables, in the store's own dialect: `on_postgres`
+    /// or `on_sqlite`, each an SQL text and its parameters; `what` names it if it fails.
+    async fn change(
+        &self,
+        what: &str,
+        on_postgres: (&str, &[&(dyn tokio_postgres::types::ToSql + Sync)]),
+        on_sqlite: (&str, impl rusqlite::Params),
+    ) {
         match self {
-            Self::Postgres { .. } => pg_connect(&self.url())
-                .await
-                .query_one("SELECT count(*) FROM leases", &[])
-                .await
-                .expect("counting rows")
-                .get(0),
-            Self::Sqlite { path, .. } => sqlite(path)
-                .query_row("SELECT count(*) FROM leases", [], |r| r.get(0))
-                .expect("counting rows"),
+            Self::Postgres { .. } => {
+                let (sql, params) = on_postgres;
+                pg_connect(&self.url())
+                    .await
+                    .execute(sql, params)
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            }
+            Self::Sqlite { path, .. } => {
+                let (sql, params) = on_sqlite;
+                sqlite(path)
+                    .execute(sql, params)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            }
         }
+    }
+
+    /// Rows in `table`: those of `resource`, or all of them.
+    async fn count(&self, table: &str, resource: Option<&str>) -> i64 {
+        let filter = if resource.is_some() {
+            " WHERE resource = $1"
+        } else {
+            ""
+        };
+        // `$1` is a numbered parameter on both stores.
+        let sql = format!("SELECT count(*) FROM {table}{filter}");
+        let counted = match self {
+            Self::Postgres { .. } => {
+                let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                    resource.iter().map(|r| r as _).collect();
+                pg_connect(&self.url())
+                    .await
+                    .query_one(&sql, &params)
+                    .await
+                    .map(|row| row.get(0))
+                    .map_err(|e| e.to_string())
+            }
+            Self::Sqlite { path, .. } => sqlite(path)
+                .query_row(&sql, rusqlite::params_from_iter(resource), |r| r.get(0))
+                .map_err(|e| e.to_string()),
+        };
+        counted.unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 }
 

@@ -4,13 +4,16 @@
 
 use std::time::{Duration, Instant};
 
-use fencelock_testkit::{lock_waiters, pg_connect};
+use fencelock_testkit::{eventually, lock_waiters, pg_connect};
 use futures_util::StreamExt as _;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
 
-use crate::helpers::{StoreKind, TTL, TestApp, fence};
+use crate::helpers::{StoreKind, TTL, TestApp};
+
+/// The longest a test waits for the server to reach a point.
+const WITHIN: Duration = Duration::from_secs(10);
 
 /// A session listening on the store's channel; yields the resources announced, in order.
 async fn listen(url: &str) -> (tokio_postgres::Client, mpsc::UnboundedReceiver<String>) {
@@ -33,22 +36,13 @@ async fn listen(url: &str) -> (tokio_postgres::Client, mpsc::UnboundedReceiver<S
     (client, rx)
 }
 
-/// Starts a watch of `resource`'s lease `lock` for up to `timeout_ms`; its answer arrives on
-/// the returned task.
-fn watch_in_background(
-    app: &TestApp,
-    resource: &str,
-    lock: &Value,
-    timeout_ms: u64,
-) -> tokio::task::JoinHandle<Value> {
-    let (client, url) = (
-        app.client.clone(),
-        app.url(&format!(
-            "/locks/{resource}/watch?fence={}&timeout_ms={timeout_ms}",
-            fence(lock)
-        )),
-    );
-    tokio::spawn(async move { client.get(url).send().await.unwrap().json().await.unwrap() })
+/// The watches registered on the store right now, as `session` reads them.
+async fn watchers(session: &tokio_postgres::Client) -> i64 {
+    session
+        .query_one("SELECT count(*) FROM lease_watchers", &[])
+        .await
+        .expect("counting the watchers")
+        .get(0)
 }
 
 /// Changes of a resource nobody awaits are not announced; those of a watched one are.
@@ -62,63 +56,33 @@ async fn only_changes_someone_awaits_are_announced() {
     for round in 0..3 {
         let resource = format!("quiet:{round}");
         app.acquire_ok(&resource, "a", TTL).await;
-        assert_eq!(
-            app.release(&resource, json!({ "owner": "a" }))
-                .await
-                .status(),
-            204
-        );
+        app.release_ok(&resource, json!({ "owner": "a" })).await;
     }
 
     let lock = app.acquire_ok("watched", "a", TTL).await;
-    let watching = watch_in_background(&app, "watched", &lock, 60_000);
+    let watching = app.watch_in_background("watched", &lock, 60_000);
     let session = pg_connect(&app.db.url()).await;
-    let registered = Instant::now();
-    while session
-        .query_one("SELECT count(*) FROM lease_watchers", &[])
-        .await
-        .unwrap()
-        .get::<_, i64>(0)
-        == 0
-    {
-        assert!(
-            registered.elapsed() < Duration::from_secs(10),
-            "the watch never registered"
-        );
-        tokio::task::yield_now().await;
-    }
-    assert_eq!(
-        app.release("watched", json!({ "owner": "a" }))
-            .await
-            .status(),
-        204
-    );
+    eventually("the watch never registered", WITHIN, async || {
+        watchers(&session).await > 0
+    })
+    .await;
+    app.release_ok("watched", json!({ "owner": "a" })).await;
     let first = tokio::time::timeout(Duration::from_secs(10), announced.recv())
         .await
         .expect("the watched release is announced")
         .unwrap();
     assert_eq!(first, "watched", "an unwatched change was announced");
-    let answer = tokio::time::timeout(Duration::from_secs(10), watching)
+    let (answer, _) = tokio::time::timeout(Duration::from_secs(10), watching)
         .await
         .expect("the watch ends")
         .unwrap();
     assert_eq!(answer["changed"], true);
 
     // The watch has ended: its registration goes, and so do the announcements.
-    let gone = Instant::now();
-    while session
-        .query_one("SELECT count(*) FROM lease_watchers", &[])
-        .await
-        .unwrap()
-        .get::<_, i64>(0)
-        > 0
-    {
-        assert!(
-            gone.elapsed() < Duration::from_secs(10),
-            "the watch's registration stayed"
-        );
-        tokio::task::yield_now().await;
-    }
+    eventually("the watch's registration stayed", WITHIN, async || {
+        watchers(&session).await == 0
+    })
+    .await;
 }
 
 /// A watch that starts while a change of its lease is under way (its trigger has already
@@ -135,19 +99,15 @@ async fn a_watch_registered_during_a_change_sees_it() {
         .await
         .unwrap();
 
-    let watching = watch_in_background(&app, "job", &lock, 30_000);
+    let watching = app.watch_in_background("job", &lock, 30_000);
     let observer = pg_connect(&app.db.url()).await;
-    let started = Instant::now();
-    while lock_waiters(&observer).await == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the watch never waited for the row"
-        );
-        tokio::task::yield_now().await;
-    }
+    eventually("the watch never waited for the row", WITHIN, async || {
+        lock_waiters(&observer).await > 0
+    })
+    .await;
     let committed = Instant::now();
     change.batch_execute("COMMIT").await.unwrap();
-    let answer = tokio::time::timeout(Duration::from_secs(10), watching)
+    let (answer, _) = tokio::time::timeout(Duration::from_secs(10), watching)
         .await
         .expect("the watch ends with the change, long before its timeout")
         .unwrap();

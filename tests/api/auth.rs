@@ -10,9 +10,10 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    StoreKind, TTL, TestApp, assert_failed_in_one_line, assert_problem, client, token_entry,
+    StoreKind, TTL, TestApp, assert_failed_in_one_line, assert_problem, client, eventually,
+    token_entry,
 };
-use crate::process::{ServerProcess, command};
+use crate::process::{ServerProcess, run};
 
 const BILLING: &str = "billing-secret-0123456789";
 const READER: &str = "reader-secret-0123456789";
@@ -305,14 +306,8 @@ async fn acquire_on(server: &ServerProcess, token: &str, resource: &str) -> reqw
         .unwrap()
 }
 
-/// Waits until `check` holds for the server's answers (a signal is handled asynchronously).
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !check().await {
-        assert!(std::time::Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+/// How long the server may take to handle a signal, which it does asynchronously.
+const SIGNAL_HANDLED: Duration = Duration::from_secs(10);
 
 /// SIGHUP reads the file again: a new token works without a restart; a bad file is logged
 /// at ERROR and the tokens in force stay.
@@ -333,15 +328,17 @@ async fn sighup_reloads_the_auth_file_and_a_bad_file_keeps_the_old_tokens() {
     let grown = auth_file() + &token_entry("jobs", NEWCOMER, &["jobs:"], &["lock"]);
     std::fs::write(&path, grown).unwrap();
     server.signal("-HUP");
-    eventually("the new token is let in after SIGHUP", async || {
-        acquire_on(&server, NEWCOMER, "jobs:a").await.status() == 200
-    })
+    eventually(
+        "the new token is let in after SIGHUP",
+        SIGNAL_HANDLED,
+        async || acquire_on(&server, NEWCOMER, "jobs:a").await.status() == 200,
+    )
     .await;
     server.assert_logged("auth file reloaded").await;
 
     std::fs::write(&path, "[[tokens]]\nname = \"broken\"\n").unwrap();
     server.signal("-HUP");
-    eventually("the bad file is reported", async || {
+    eventually("the bad file is reported", SIGNAL_HANDLED, async || {
         server.log_text().contains("auth file not reloaded")
     })
     .await;
@@ -381,25 +378,18 @@ fn a_bad_auth_file_stops_startup_with_one_line() {
     ];
     for (text, word) in cases {
         std::fs::write(&path, &text).unwrap();
-        let output = command(None, dir.path())
-            .args([
-                "--bind",
-                "127.0.0.1:0",
-                "--auth-file",
-                path.to_str().unwrap(),
-            ])
-            .output()
-            .unwrap();
+        let auth_file = path.to_str().unwrap();
+        let output = run(
+            dir.path(),
+            &["--bind", "127.0.0.1:0", "--auth-file", auth_file],
+        );
         let line = assert_failed_in_one_line(&output, &text);
         assert!(
             line.starts_with("fencelock: ") && line.contains(word),
             "{line}"
         );
     }
-    let output = command(None, dir.path())
-        .args(["--auth-file", "/nonexistent/auth.toml"])
-        .output()
-        .unwrap();
+    let output = run(dir.path(), &["--auth-file", "/nonexistent/auth.toml"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
     assert!(stderr.contains("/nonexistent/auth.toml"), "{stderr}");
@@ -410,10 +400,7 @@ fn a_bad_auth_file_stops_startup_with_one_line() {
 #[test]
 fn no_auth_on_a_public_address_needs_allow_unauthenticated() {
     let dir = tempfile::tempdir().unwrap();
-    let output = command(None, dir.path())
-        .args(["--bind", "0.0.0.0:0"])
-        .output()
-        .unwrap();
+    let output = run(dir.path(), &["--bind", "0.0.0.0:0"]);
     let line = assert_failed_in_one_line(&output, "--bind 0.0.0.0:0");
     assert!(line.contains("--allow-unauthenticated"), "{line}");
     assert!(!dir.path().join("fencelock.db").exists(), "nothing opened");
@@ -441,20 +428,14 @@ fn no_auth_on_a_public_address_needs_allow_unauthenticated() {
 #[tokio::test]
 async fn token_new_prints_a_secret_and_a_block_that_lets_it_in() {
     let dir = tempfile::tempdir().unwrap();
-    let output = command(None, dir.path())
-        .args(["token", "new", "ci-runner"])
-        .output()
-        .unwrap();
+    let output = run(dir.path(), &["token", "new", "ci-runner"]);
     assert!(output.status.success());
     let stdout = String::from_utf8(output.stdout).unwrap();
     let (secret, block) = stdout.split_once('\n').unwrap();
     assert!(secret.len() >= 22, "{secret}");
     let tokens = fencelock_server::auth_file::Tokens::parse(block).unwrap();
     assert_eq!(tokens.lookup(secret).unwrap().name(), "ci-runner");
-    let again = command(None, dir.path())
-        .args(["token", "new", "ci-runner"])
-        .output()
-        .unwrap();
+    let again = run(dir.path(), &["token", "new", "ci-runner"]);
     assert_ne!(
         String::from_utf8(again.stdout).unwrap().lines().next(),
         Some(secret)

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use fencelock::client::{Client, Error, Lease, LossReason, RetryPolicy};
 use fencelock_server::Settings;
 use fencelock_server::StoreConfig;
-use fencelock_testkit::closed_port;
+use fencelock_testkit::{closed_port, eventually};
 
 use crate::helpers::{StoreKind, TestApp, TestDb};
 
@@ -45,6 +45,15 @@ async fn sqlite_app_leased(ttl: Duration) -> (TestApp, Client, Lease) {
     let (app, client) = sqlite_app().await;
     let lease = client.lease("job:1", ttl).await.expect("leased");
     (app, client, lease)
+}
+
+/// Releases `lease` after `delay`, as a worker that finishes its work then would; the
+/// release's result arrives on the returned task.
+fn release_after(lease: Lease, delay: Duration) -> tokio::task::JoinHandle<Result<(), Error>> {
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        lease.release().await
+    })
 }
 
 /// Retries quick enough for a test: from 20 ms, doubling up to 200 ms, until `deadline`.
@@ -369,24 +378,19 @@ async fn release_and_drop_free_the_resource() {
     let held = client.lease("job:2", LONG).await.unwrap_err();
     assert!(matches!(held, Error::Held { .. }), "{held:?}");
     drop(lease);
-    let deadline = Instant::now() + PATIENCE;
-    while client.inspect("job:2").await.expect("inspect").is_some() {
-        assert!(Instant::now() < deadline, "dropped lease still held");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("dropped lease still held", PATIENCE, async || {
+        client.inspect("job:2").await.expect("inspect").is_none()
+    })
+    .await;
 }
 
 /// `lease_with_retry` waits for a `Lease` of another worker to be released, and gets a
 /// greater fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_with_retry_waits_for_another_lease() {
-    let (_server, client) = sqlite_app().await;
-    let first = client.lease("job:1", LONG).await.expect("leased");
+    let (_server, client, first) = sqlite_app_leased(LONG).await;
     let first_fence = first.fence();
-    let releaser = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        first.release().await
-    });
+    let releaser = release_after(first, Duration::from_millis(300));
     let policy = quick_retries(Duration::from_secs(10));
     let second = client
         .lease_with_retry("job:1", LONG, &policy)
@@ -427,13 +431,9 @@ async fn lock_without_waiting_is_one_attempt() {
 /// held for its whole TTL from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_waits_on_the_server_for_a_release() {
-    let (_server, client) = sqlite_app().await;
-    let holder = client.lease("job:1", LONG).await.expect("leased");
+    let (_server, client, holder) = sqlite_app_leased(LONG).await;
     let held_fence = holder.fence();
-    let releaser = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        holder.release().await
-    });
+    let releaser = release_after(holder, Duration::from_secs(1));
     let started = Instant::now();
     let lease = client
         .lock("job:1", LONG, Duration::from_secs(5))

@@ -1,14 +1,14 @@
 //! `GET /locks/{resource}/history`: a resource's most recent leases, newest first, how each
 //! ended, and nothing of their owners; kept for `--history-retention-seconds`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    StoreKind, TTL, TestApp, TestDb, assert_invalid, assert_problem, fence, sorted_keys,
-    token_entry,
+    StoreKind, TTL, TestApp, TestDb, assert_invalid, assert_problem, eventually, fence,
+    sorted_keys, token_entry,
 };
 
 /// `resource`'s history (asserting a `200` of the documented shape): its leases, newest first.
@@ -264,24 +264,16 @@ async fn retention_purges_only_long_ended_leases(kind: StoreKind) {
     let retention = Duration::from_secs(3600);
 
     app.acquire_ok("released-long-ago", "o", TTL).await;
-    assert_eq!(
-        app.release("released-long-ago", json!({ "owner": "o" }))
-            .await
-            .status(),
-        204
-    );
+    app.release_ok("released-long-ago", json!({ "owner": "o" }))
+        .await;
     app.db.age_history("released-long-ago", 2 * HOUR_MS).await;
     app.acquire_ok("expired-long-ago", "o", TTL).await;
     app.db.age("expired-long-ago", 2 * HOUR_MS).await;
     // `age` moves the expiry only; a lease that expired two hours ago was acquired before.
     app.db.age_history("expired-long-ago", 2 * HOUR_MS).await;
     app.acquire_ok("released-now", "o", TTL).await;
-    assert_eq!(
-        app.release("released-now", json!({ "owner": "o" }))
-            .await
-            .status(),
-        204
-    );
+    app.release_ok("released-now", json!({ "owner": "o" }))
+        .await;
     app.acquire_ok("expired-recently", "o", TTL).await;
     app.db.age("expired-recently", 60_000).await;
     // Live for a day, acquired long before the retention: kept.
@@ -324,24 +316,16 @@ async fn retention_is_kept_by_the_server(kind: StoreKind) {
     })
     .await;
     app.acquire_ok("old", "o", TTL).await;
-    assert_eq!(
-        app.release("old", json!({ "owner": "o" })).await.status(),
-        204
-    );
+    app.release_ok("old", json!({ "owner": "o" })).await;
     app.db.age_history("old", 2 * 3600 * 1000).await;
     app.acquire_ok("kept", "o", TTL).await;
-    assert_eq!(
-        app.release("kept", json!({ "owner": "o" })).await.status(),
-        204
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while app.db.history_rows("old").await > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the old history was never purged"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    app.release_ok("kept", json!({ "owner": "o" })).await;
+    eventually(
+        "the old history was never purged",
+        Duration::from_secs(20),
+        async || app.db.history_rows("old").await == 0,
+    )
+    .await;
     assert_eq!(history(&app, "kept").await.len(), 1);
 }
 

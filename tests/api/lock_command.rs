@@ -76,6 +76,15 @@ fn signal(pid: u32, signal: &str) {
     assert!(status.success());
 }
 
+/// Runs `fencelock lock` to its end and asserts that it was refused before running CMD:
+/// exit status `status`, nothing on stdout, and one line on stderr, which it returns.
+async fn assert_refused(mut command: Command, status: i32, context: &str) -> String {
+    let output = command.output().await.expect("running fencelock lock");
+    assert_eq!(output.status.code(), Some(status), "{context}: {output:?}");
+    assert!(output.stdout.is_empty(), "{context}: CMD ran: {output:?}");
+    assert_failed_in_one_line(&output, context)
+}
+
 async fn assert_released(app: &TestApp, resource: &str) {
     let response = app.inspect(resource).await;
     assert_eq!(
@@ -100,20 +109,10 @@ async fn runs_the_command_with_the_fence_and_releases_after(kind: StoreKind) {
     assert_eq!(&fields[1..], ["job:1", app.address.as_str()], "{shown}");
     assert_eq!(app.fence_of("job:1").await, fence);
 
-    let second = lock(
-        dir.path(),
-        &app.address,
-        "job:1",
-        &["--wait-seconds", "0"],
-        "echo ran",
-    )
-    .output()
-    .await
-    .unwrap();
-    assert_eq!(second.status.code(), Some(75), "{second:?}");
-    let said = assert_failed_in_one_line(&second, "second fencelock lock");
+    let no_wait = ["--wait-seconds", "0"];
+    let second = lock(dir.path(), &app.address, "job:1", &no_wait, "echo ran");
+    let said = assert_refused(second, 75, "second fencelock lock").await;
     assert!(said.contains("held by another owner"), "{said}");
-    assert!(second.stdout.is_empty(), "the second CMD ran: {second:?}");
 
     std::fs::write(dir.path().join("go"), "").unwrap();
     let output = finished(first).await;
@@ -278,12 +277,7 @@ async fn waits_for_the_holder_to_release(kind: StoreKind) {
 async fn an_unreachable_server_is_69() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("http://127.0.0.1:{}", closed_port());
-    let output = lock(dir.path(), &url, "job:1", &[], "echo ran")
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(output.status.code(), Some(69), "{output:?}");
-    let said = assert_failed_in_one_line(&output, "unreachable");
+    let command = lock(dir.path(), &url, "job:1", &[], "echo ran");
+    let said = assert_refused(command, 69, "unreachable").await;
     assert!(said.starts_with("fencelock lock: "), "{said}");
-    assert!(output.stdout.is_empty(), "CMD ran: {output:?}");
 }

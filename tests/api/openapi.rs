@@ -3,9 +3,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use fencelock_testkit::openapi::{assert_serves_exactly, assert_slugs, fetch_document, statuses};
+use fencelock_testkit::openapi::{
+    assert_serves_exactly, assert_slugs, fetch_document, parameter_names, parameters, statuses,
+};
+use serde_json::Value;
 
-use crate::helpers::{StoreKind, TestApp, TestDb};
+use crate::helpers::{StoreKind, TestApp, TestDb, sorted_keys};
 
 /// The HTTP layer's own refusals, which any request may get: `400` (bad bytes or framing),
 /// `408` (a head too slow) and `431` (a head too large).
@@ -138,6 +141,11 @@ contract!(
     the_server_serves_exactly_the_document,
 );
 
+/// The `minimum` and `maximum` of a number's schema.
+fn bounds(schema: &Value) -> (Option<i64>, Option<i64>) {
+    (schema["minimum"].as_i64(), schema["maximum"].as_i64())
+}
+
 #[tokio::test]
 async fn request_bodies_are_closed_with_the_configured_ttl_bound() {
     let db = TestDb::new(StoreKind::Sqlite).await;
@@ -158,40 +166,24 @@ async fn request_bodies_are_closed_with_the_configured_ttl_bound() {
     }
     for body in ["AcquireBody", "RenewBody"] {
         let ttl = &schemas[body]["properties"]["ttl_seconds"];
-        assert_eq!(
-            (ttl["minimum"].as_i64(), ttl["maximum"].as_i64()),
-            (Some(1), Some(100))
-        );
+        assert_eq!(bounds(ttl), (Some(1), Some(100)), "{body}");
     }
-    let wait = &schemas["AcquireBody"]["properties"]["wait_ms"];
+    let acquire = &schemas["AcquireBody"]["properties"];
+    assert_eq!(bounds(&acquire["wait_ms"]), (Some(0), Some(2_000)));
     assert_eq!(
-        (wait["minimum"].as_i64(), wait["maximum"].as_i64()),
-        (Some(0), Some(2_000))
+        parameter_names(&document, "/locks/{resource}/watch", "GET"),
+        ["resource", "fence", "timeout_ms"]
     );
-    let watch: Vec<&str> = document["paths"]["/locks/{resource}/watch"]["get"]["parameters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(watch, ["resource", "fence", "timeout_ms"]);
     let answer = &schemas["WatchResponse"];
     assert_eq!(answer["additionalProperties"], false);
     assert_eq!(answer["required"], serde_json::json!(["changed", "lock"]));
-    let parameter = &document["paths"]["/locks/{resource}"]["get"]["parameters"][0];
+    let parameter = &parameters(&document, "/locks/{resource}", "GET")[0];
     assert_eq!(parameter["name"], "resource");
     assert_eq!(parameter["schema"]["maxLength"], 255);
     // A listed lease has exactly five fields: no owner, no fence_token.
     let listed = &schemas["ListedLock"];
-    let mut fields: Vec<&str> = listed["properties"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    fields.sort_unstable();
     assert_eq!(
-        fields,
+        sorted_keys(&listed["properties"]),
         [
             "acquired_at",
             "expires_at",
@@ -201,46 +193,23 @@ async fn request_bodies_are_closed_with_the_configured_ttl_bound() {
         ]
     );
     assert_eq!(listed["additionalProperties"], false);
-    let query: Vec<&str> = document["paths"]["/locks"]["get"]["parameters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(query, ["prefix", "limit", "after"]);
+    assert_eq!(
+        parameter_names(&document, "/locks", "GET"),
+        ["prefix", "limit", "after"]
+    );
     // A lease in a history: five fields, no owner, no fence_token; `ended_at` may be null.
     let past = &schemas["PastLease"];
-    let mut fields: Vec<&str> = past["properties"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    fields.sort_unstable();
     assert_eq!(
-        fields,
+        sorted_keys(&past["properties"]),
         ["acquired_at", "end", "ended_at", "fence", "renewals"]
     );
     assert_eq!(past["additionalProperties"], false);
-    let history = &document["paths"]["/locks/{resource}/history"]["get"]["parameters"];
-    let limit = history
-        .as_array()
-        .unwrap()
+    let limit = parameters(&document, "/locks/{resource}/history", "GET")
         .iter()
         .find(|p| p["name"] == "limit")
         .expect("a limit parameter");
-    assert_eq!(
-        (
-            limit["schema"]["minimum"].as_i64(),
-            limit["schema"]["maximum"].as_i64()
-        ),
-        (Some(1), Some(1000))
-    );
-    let delay = &schemas["AcquireBody"]["properties"]["lock_delay_ms"];
-    assert_eq!(
-        (delay["minimum"].as_i64(), delay["maximum"].as_i64()),
-        (Some(0), Some(60_000))
-    );
+    assert_eq!(bounds(&limit["schema"]), (Some(1), Some(1000)));
+    assert_eq!(bounds(&acquire["lock_delay_ms"]), (Some(0), Some(60_000)));
     // The lock an inspect shows has no owner; the holder's has one.
     assert!(schemas["LiveLease"]["properties"].get("owner").is_none());
     assert!(

@@ -3,13 +3,15 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::helpers::{RowLock, StoreKind, TTL, TestDb, assert_failed_in_one_line, client};
+use crate::helpers::{
+    RowLock, StoreKind, TTL, TestDb, assert_failed_in_one_line, client, eventually, json_answer,
+};
 
 /// Every setting: its flag and its environment variable, as `--help` must name them. Both
 /// are cleared for the tests' processes, so that a developer's shell cannot leak into them.
@@ -78,6 +80,14 @@ pub fn command(database_url: Option<&str>, cwd: &Path) -> Command {
     }
     command.current_dir(cwd).stdin(Stdio::null());
     command
+}
+
+/// Runs `fencelock ARGS` in `cwd`, with no `DATABASE_URL`, to its end.
+pub fn run(cwd: &Path, args: &[&str]) -> Output {
+    command(None, cwd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running fencelock {args:?}: {e}"))
 }
 
 /// A `fencelock` process serving on a free port, with its log lines collected.
@@ -295,37 +305,31 @@ async fn default_store_is_a_sqlite_file_in_the_working_directory() {
     server.assert_logged("SQLite file fencelock.db").await;
 }
 
-/// The start-up log names the PostgreSQL store without its password.
+/// The start-up log names the PostgreSQL store without its password, in either form of
+/// `DATABASE_URL`.
 #[tokio::test]
 async fn database_password_is_never_logged() {
-    let dir = tempfile::tempdir().unwrap();
     let port = fencelock_testkit::closed_port();
-    let url = format!("postgres://fencelock:hunter2-secret@127.0.0.1:{port}/locks");
-    let server = ServerProcess::start(Some(&url), dir.path());
-    let ready = client().get(server.url("/readyz")).send().await.unwrap();
-    assert_eq!(ready.status(), 503);
-    server
-        .assert_logged("postgres://fencelock:***@127.0.0.1")
-        .await;
-    let log = server.settled_log().await;
-    assert!(!log.contains("hunter2"), "password in the log: {log}");
-}
-
-/// The key-value form of the password, too, stays out of the log.
-#[tokio::test]
-async fn database_password_in_key_value_form_is_never_logged() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = fencelock_testkit::closed_port();
-    let url =
-        format!("host=127.0.0.1 port={port} user=fencelock password='hunter2 secret' dbname=locks");
-    let server = ServerProcess::start(Some(&url), dir.path());
-    let ready = client().get(server.url("/readyz")).send().await.unwrap();
-    assert_eq!(ready.status(), 503);
-    server
-        .assert_logged("user=fencelock password=*** dbname=locks")
-        .await;
-    let log = server.settled_log().await;
-    assert!(!log.contains("hunter2"), "password in the log: {log}");
+    for (url, named) in [
+        (
+            format!("postgres://fencelock:hunter2-secret@127.0.0.1:{port}/locks"),
+            "postgres://fencelock:***@127.0.0.1",
+        ),
+        (
+            format!(
+                "host=127.0.0.1 port={port} user=fencelock password='hunter2 secret' dbname=locks"
+            ),
+            "user=fencelock password=*** dbname=locks",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = ServerProcess::start(Some(&url), dir.path());
+        let ready = client().get(server.url("/readyz")).send().await.unwrap();
+        assert_eq!(ready.status(), 503, "{url}");
+        server.assert_logged(named).await;
+        let log = server.settled_log().await;
+        assert!(!log.contains("hunter2"), "password in the log: {log}");
+    }
 }
 
 /// The key-value form of `DATABASE_URL`, with two hosts of which the first is down: the
@@ -404,7 +408,7 @@ fn bad_settings_stop_startup_with_one_line() {
 #[test]
 fn help_names_every_setting() {
     let dir = tempfile::tempdir().unwrap();
-    let output = command(None, dir.path()).arg("--help").output().unwrap();
+    let output = run(dir.path(), &["--help"]);
     assert!(output.status.success());
     let help = String::from_utf8_lossy(&output.stdout);
     let mut listed = help_options(&help);
@@ -423,10 +427,7 @@ fn help_names_every_setting() {
 #[test]
 fn lock_help_names_its_settings_and_exit_statuses() {
     let dir = tempfile::tempdir().unwrap();
-    let output = command(None, dir.path())
-        .args(["lock", "--help"])
-        .output()
-        .unwrap();
+    let output = run(dir.path(), &["lock", "--help"]);
     assert!(output.status.success());
     let help = String::from_utf8_lossy(&output.stdout);
     let mut listed = help_options(&help);
@@ -601,14 +602,11 @@ async fn sigterm_lets_in_flight_requests_finish() {
         })
     };
     // Wait until the acquire is blocked on the row lock, as PostgreSQL reports it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while lock.waiters().await == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the acquire never reached the store"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = "the acquire never reached the store";
+    eventually(what, Duration::from_secs(10), async || {
+        lock.waiters().await > 0
+    })
+    .await;
     server.terminate();
     lock.release().await;
     let response = in_flight
@@ -646,17 +644,8 @@ async fn two_processes_share_one_sqlite_file() {
         let mut tasks = Vec::new();
         for i in 0..32 {
             let url = servers[i % 2].url(&format!("/locks/{resource}"));
-            tasks.push(tokio::spawn(async move {
-                client()
-                    .post(url)
-                    .json(&json!({ "owner": format!("o{i}"), "ttl_seconds": TTL }))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json::<Value>()
-                    .await
-                    .unwrap()
-            }));
+            let body = json!({ "owner": format!("o{i}"), "ttl_seconds": TTL });
+            tasks.push(tokio::spawn(json_answer(client().post(url).json(&body))));
         }
         let mut winners = 0;
         for task in tasks {

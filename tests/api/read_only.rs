@@ -5,12 +5,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::Response;
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestApp, TestDb, admin, assert_problem};
+use crate::helpers::{StoreKind, TTL, TestApp, TestDb, admin, assert_problem, eventually};
 use crate::process::ServerProcess;
 
 async fn assert_refused_write(response: Response) -> Value {
@@ -40,14 +40,11 @@ async fn assert_not_ready(app: &TestApp, cause: &str) {
 
 /// Polls `/readyz` until it answers `200`, for at most 10 s.
 async fn await_ready(app: &TestApp) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while app.get("/readyz").await.status() != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "the server never became ready again"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = "the server never became ready again";
+    eventually(what, Duration::from_secs(10), async || {
+        app.get("/readyz").await.status() == 200
+    })
+    .await;
 }
 
 fn run(program: &str, args: &[&str]) {

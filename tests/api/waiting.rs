@@ -19,7 +19,9 @@ use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::mpsc;
 
-use crate::helpers::{StoreKind, TTL, TestApp, assert_invalid, fence};
+use crate::helpers::{
+    StoreKind, TTL, TestApp, assert_invalid, eventually, fence, json_answer, watch_in_background,
+};
 
 /// The worst single hand-over accepted on a loaded machine (see the module comment).
 pub const LOADED_BOUND_MS: i64 = 400;
@@ -57,32 +59,19 @@ pub fn wait_in_background(
     resource: &str,
     owner: &str,
 ) -> tokio::task::JoinHandle<Value> {
-    let (address, client) = (app.url(&format!("/locks/{resource}")), app.client.clone());
+    let address = app.url(&format!("/locks/{resource}"));
     let body = json!({ "owner": owner, "ttl_seconds": TTL, "wait_ms": 30_000 });
-    tokio::spawn(async move {
-        client
-            .post(address)
-            .json(&body)
-            .send()
-            .await
-            .expect("the waiter's request")
-            .json()
-            .await
-            .expect("a JSON answer")
-    })
+    tokio::spawn(json_answer(app.client.post(address).json(&body)))
 }
 
 /// Waits until `count` tickets are queued for `resource`: the waiters are in the queue, in
 /// the order they were made to arrive.
 pub async fn until_queued(app: &TestApp, resource: &str, count: i64) {
-    let start = Instant::now();
-    while app.db.waiters(resource).await != count {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{count} waiters never queued for {resource}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let what = format!("{count} waiters never queued for {resource}");
+    eventually(&what, Duration::from_secs(20), async || {
+        app.db.waiters(resource).await == count
+    })
+    .await;
 }
 
 /// Five waiters, queued in a known order through three instances, get the lease in that
@@ -289,51 +278,34 @@ async fn waiting_and_watching_across_two_processes_on_one_sqlite_file() {
             .await
             .unwrap();
         let held_fence = fence(&held["lock"]);
-        let waiter = tokio::spawn({
-            let (url, client) = (two.url(&format!("/locks/{resource}")), client.clone());
-            async move {
-                let answer: Value = client
-                    .post(url)
-                    .json(&json!({ "owner": "waiter", "ttl_seconds": TTL, "wait_ms": 30_000 }))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
-                answer
-            }
-        });
-        let watcher = tokio::spawn({
-            let url = two.url(&format!(
+        let waiter = tokio::spawn(json_answer(
+            client
+                .post(two.url(&format!("/locks/{resource}")))
+                .json(&json!({ "owner": "waiter", "ttl_seconds": TTL, "wait_ms": 30_000 })),
+        ));
+        let watcher = watch_in_background(
+            &client,
+            two.url(&format!(
                 "/locks/{resource}/watch?fence={held_fence}&timeout_ms=60000"
-            ));
-            let client = client.clone();
-            async move {
-                let answer: Value = client.get(url).send().await.unwrap().json().await.unwrap();
-                (answer, Utc::now())
-            }
-        });
+            )),
+        );
         // Both are in place: the waiter's ticket is queued, and the watch has had its look.
-        let start = Instant::now();
-        loop {
-            let queued = rusqlite::Connection::open(dir.path().join("shared.db"))
-                .unwrap()
-                .query_row(
-                    "SELECT count(*) FROM lease_waiters WHERE resource = ?1",
-                    [&resource],
-                    |r| r.get::<_, i64>(0),
-                )
-                .unwrap();
-            if queued == 1 {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "the waiter never queued"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        eventually(
+            "the waiter never queued",
+            Duration::from_secs(20),
+            async || {
+                let queued: i64 = rusqlite::Connection::open(dir.path().join("shared.db"))
+                    .unwrap()
+                    .query_row(
+                        "SELECT count(*) FROM lease_waiters WHERE resource = ?1",
+                        [&resource],
+                        |r| r.get(0),
+                    )
+                    .unwrap();
+                queued == 1
+            },
+        )
+        .await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let released_before = Utc::now();
         let released = client

@@ -60,19 +60,7 @@ async fn a_watch_ends_with_a_release_elsewhere(kind: StoreKind) {
     let mut delays = Vec::new();
     for _ in 0..3 {
         let lock = a.acquire_ok("job", "a", TTL).await;
-        let watching = tokio::spawn({
-            let (url, client) = (
-                b.url(&format!(
-                    "/locks/job/watch?fence={}&timeout_ms=60000",
-                    fence(&lock)
-                )),
-                b.client.clone(),
-            );
-            async move {
-                let answer: Value = client.get(url).send().await.unwrap().json().await.unwrap();
-                (answer, Utc::now())
-            }
-        });
+        let watching = b.watch_in_background("job", &lock, 60_000);
         // The watch has looked at the lease once it is registered; give it that moment.
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(
@@ -80,7 +68,7 @@ async fn a_watch_ends_with_a_release_elsewhere(kind: StoreKind) {
             "the watch ended before the release"
         );
         let released_before = Utc::now();
-        a.release("job", json!({ "owner": "a" })).await;
+        a.release_ok("job", json!({ "owner": "a" })).await;
         let (answer, ended) = tokio::time::timeout(Duration::from_secs(10), watching)
             .await
             .expect("the watch ends")
@@ -106,29 +94,11 @@ async fn a_watch_ends_with_an_expiry_and_a_takeover(kind: StoreKind) {
     );
 
     let lock = a.acquire_ok("job", "a", TTL).await;
-    let watching = tokio::spawn({
-        let (url, client) = (
-            b.url(&format!(
-                "/locks/job/watch?fence={}&timeout_ms=60000",
-                fence(&lock)
-            )),
-            b.client.clone(),
-        );
-        async move {
-            client
-                .get(url)
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
-    });
+    let watching = b.watch_in_background("job", &lock, 60_000);
     tokio::time::sleep(Duration::from_millis(200)).await;
     a.db.age("job", 1).await;
     let taken = a.acquire_ok("job", "b", TTL).await;
-    let answer = tokio::time::timeout(Duration::from_secs(10), watching)
+    let (answer, _) = tokio::time::timeout(Duration::from_secs(10), watching)
         .await
         .expect("the watch ends")
         .unwrap();
