@@ -69,7 +69,7 @@ fn shell_commands(markdown: &str) -> Vec<(String, Option<u16>)> {
                 continue;
             }
         }
-        current.push_str(trimmed.trim_end_matches('\\'));
+        current.push_str(trimmed.trim_end_matches('\\').trim_end());
         current.push(' ');
         if !trimmed.ends_with('\\') {
             commands.push((std::mem::take(&mut current).trim_end().to_owned(), None));

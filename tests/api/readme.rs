@@ -499,8 +499,8 @@ fn readme_links_every_docs_page() {
     }
 }
 
-/// `docs/operations.md` lists every setting `fencelock --help` shows and every metric family
-/// the library defines.
+/// `docs/operations.md` has a row in its tables for every setting `fencelock --help` shows and
+/// every metric family the library defines.
 #[test]
 fn operations_lists_every_setting_and_metric() {
     let operations = read(&root().join("docs/operations.md"));
@@ -520,8 +520,8 @@ fn operations_lists_every_setting_and_metric() {
     assert!(flags.len() >= 19, "{flags:?} in\n{help}");
     for flag in flags {
         assert!(
-            operations.contains(&format!("`{flag}`")),
-            "docs/operations.md does not list {flag}"
+            operations.contains(&format!("\n| `{flag}` |")),
+            "the settings table of docs/operations.md has no row for {flag}"
         );
     }
     let metrics = read(&root().join("fencelock/src/metrics.rs"));
@@ -541,8 +541,8 @@ fn operations_lists_every_setting_and_metric() {
     assert!(families.len() >= 15, "{families:?}");
     for family in families {
         assert!(
-            operations.contains(&format!("`{family}")),
-            "docs/operations.md does not list {family}"
+            operations.contains(&format!("\n| `{family}` |")),
+            "the metrics table of docs/operations.md has no row for {family}"
         );
     }
 }
