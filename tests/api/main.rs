@@ -15,6 +15,7 @@ mod client;
 mod cluster_tls;
 mod concurrency;
 mod connections;
+mod curl;
 mod decisions;
 mod errors;
 mod group_commit;
