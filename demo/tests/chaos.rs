@@ -13,7 +13,7 @@ fn fencelock_binary() -> PathBuf {
     let path = PathBuf::from(env!("CARGO_BIN_EXE_fencelock-demo")).with_file_name("fencelock");
     assert!(
         path.is_file(),
-        "{} is missing: run `cargo build -p fencelock --bin fencelock` (or the whole workspace's tests)",
+        "{} is missing: run `cargo build -p fencelock-server --bin fencelock` (or the whole workspace's tests)",
         path.display()
     );
     path

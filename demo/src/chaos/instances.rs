@@ -121,7 +121,7 @@ pub fn find_binary(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     };
     if !path.is_file() {
         bail!(
-            "no fencelock binary at {}; build it (`cargo build -p fencelock --bin fencelock`) or name it with --fencelock-bin / FENCELOCK_BIN",
+            "no fencelock binary at {}; build it (`cargo build -p fencelock-server --bin fencelock`) or name it with --fencelock-bin / FENCELOCK_BIN",
             path.display()
         );
     }
