@@ -3,7 +3,7 @@
 //! live lease.
 //!
 //! Woken by the same announcements as waiting acquisitions (the store's
-//! [`crate::store::Changes`]); an expiry is announced by nobody, so the watch arms a timer on
+//! [`crate::wake::Changes`]); an expiry is announced by nobody, so the watch arms a timer on
 //! the lease's `expires_at` by the store's clock. While nothing changes it costs no store
 //! read beyond one at the expiry.
 
@@ -16,7 +16,7 @@ use super::auth::Caller;
 use super::locks::LockView;
 use super::{AppState, openapi, parse};
 use crate::auth::Permission;
-use crate::store::{Registration, Watching};
+use crate::wake::{Registration, Watching};
 use fencelock::domain::time_left_ms;
 use fencelock::http::ApiError;
 

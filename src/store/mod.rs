@@ -9,7 +9,6 @@
 //! two chores run beside the server ([`chore::Chore`]): [`purge::Purge`] and
 //! [`live::LiveLeases`].
 
-pub(crate) mod changes;
 pub(crate) mod chore;
 mod config;
 pub(crate) mod live;
@@ -23,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-pub(crate) use changes::{Changes, Registration, Seen, Subscription, Watching};
+use crate::wake::{Changes, Registration, Watching};
+
 pub(crate) use config::DEFAULT_PG_BATCH_MAX;
 pub use config::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS, StoreConfig, StoreOptions};
 use fencelock::domain::{
@@ -99,7 +99,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> Result<Option<Lease>, StoreError>;
 
     /// The wake registry this store announces changes to: the grants, releases and
-    /// dequeues of every process sharing the store (see [`changes`]).
+    /// dequeues of every process sharing the store (see [`crate::wake`]).
     fn changes(&self) -> Arc<Changes>;
 
     /// The live lease of `resource`, if any. Expired leases are absent.

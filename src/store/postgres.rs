@@ -21,7 +21,8 @@ use tokio::sync::OnceCell;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use super::{Changes, Deadline, LeaseStore, Registration, StoreError, Watching};
+use super::{Deadline, LeaseStore, StoreError};
+use crate::wake::{Changes, Registration, Watching};
 use fencelock::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Lease, LeaseHistory, Owner,
     PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,

@@ -20,7 +20,8 @@ use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Changes, Deadline, LeaseStore, StoreError};
+use super::{Deadline, LeaseStore, StoreError};
+use crate::wake::Changes;
 use fencelock::domain::decide::{self, AcquireVerdict};
 use fencelock::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Lease, LeaseHistory,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::store::Seen;
+use super::seen::Seen;
 use fencelock::domain::{Lease, ResourceName, Ticket, time_left_ms};
 
 /// This process's waiters, per resource, by ticket. A std mutex: held for a map operation
@@ -175,7 +175,7 @@ mod tests {
     }
 
     fn handoff() -> Handoff {
-        let changes = crate::store::Changes::new();
+        let changes = crate::wake::Changes::new();
         Handoff {
             seen: changes.subscribe(&name("a")).mark_seen(),
             held_until: std::time::Instant::now(),
