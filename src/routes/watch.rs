@@ -13,8 +13,8 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
 
 use super::auth::Caller;
-use super::locks::LockView;
-use super::{AppState, openapi, parse};
+use super::view::{self, LockView};
+use super::{AppState, parse, wire};
 use crate::auth::Permission;
 use crate::wake::{Registration, Watching};
 use fencelock::domain::time_left_ms;
@@ -33,18 +33,18 @@ pub(super) struct WatchResponse<'a> {
     /// timeout, and always without `fence`.
     changed: bool,
     /// The live lease as inspect shows it (no owner), `null` when there is none.
-    #[schema(value_type = Option<openapi::LiveLease>, required = true)]
+    #[schema(value_type = Option<view::LiveLease>, required = true)]
     lock: Option<LockView<'a>>,
 }
 
 /// `GET /locks/{resource}/watch?fence=F&timeout_ms=T`
 #[utoipa::path(
     get, path = "/locks/{resource}/watch", tag = "locks",
-    params(openapi::ResourcePath, openapi::WatchParams),
+    params(wire::ResourcePath, wire::WatchParams),
     summary = "Wait until the lease with a given fence ends, or answer at once when it is not the live lease",
     responses(
         (status = 200, body = WatchResponse<'_>, description = "The lease changed (or the watch timed out), with the live lease"),
-        openapi::WatchProblems,
+        wire::WatchProblems,
     ),
 )]
 pub(super) async fn watch(
