@@ -44,7 +44,7 @@ mod wake;
 pub use config::{LogFormat, Settings};
 pub use refusal::install_refusal_renderer;
 pub use run::main;
-pub use shutdown::signal;
+pub use shutdown::stop_on_signal;
 pub use startup::{Application, raise_open_file_limit};
 pub use store::{
     DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS, Deadline, LeaseStore, SharedStore, StoreConfig,

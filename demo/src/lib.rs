@@ -2,17 +2,27 @@
 //! paused-worker story that shows what the guard prevents.
 //!
 //! # Layout
+//! Each module uses only the modules before it in this list:
+//!
 //! - [`docs`]: documents and their write log, on PostgreSQL or SQLite, written through the
 //!   guard in one transaction.
-//! - [`app`]: the demo store's HTTP API.
-//! - [`openapi`]: its OpenAPI document, served at `/openapi.json`.
-//! - [`story`]: the paused-worker scenario, against in-process or running services.
+//! - [`lease_server`]: a lease server in this process, for the stories that are given none.
+//! - [`wire`]: the shapes of the demo store's requests and answers, and the problem answers
+//!   of each operation, for its OpenAPI document.
+//! - [`story`]: the paused-worker scenario, played against a lease server and a demo store
+//!   it is given (their URLs, or the page's store in-process as a [`story::Desk`]).
 //! - [`page`]: the same stories as a page in the browser, served by the demo store at `/`.
+//! - [`app`]: the demo store's HTTP API (the page's routes mounted too) and its OpenAPI
+//!   document, served at `/openapi.json`.
 //! - [`chaos`]: lease servers under faults, workers, and a check of the history they made.
+//!
+//! The `fencelock-demo` binary (`main.rs`) composes them: it starts the services a command
+//! is not given, then serves, plays the story, or runs the chaos.
 
 pub mod app;
 pub mod chaos;
 pub mod docs;
-pub mod openapi;
+pub mod lease_server;
 pub mod page;
 pub mod story;
+pub mod wire;

@@ -22,8 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
 use fencelock::domain::FenceKeys;
-use fencelock::guard::{FENCING_TOKEN, Guard, GuardMetrics};
-use fencelock::metrics::Registry;
+use fencelock::guard::FENCING_TOKEN;
 use fencelock_server::StoreOptions;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
@@ -37,7 +36,7 @@ use self::history::{
 use self::instances::Instance;
 use self::proxy::CutProxy;
 use crate::app::DemoServer;
-use crate::docs::{self, Guarding};
+use crate::docs::Guarding;
 use crate::page::PageOptions;
 
 pub struct ChaosOptions {
@@ -277,25 +276,19 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
 }
 
 async fn demo_store(file: &std::path::Path, guarding: Guarding) -> anyhow::Result<DemoServer> {
-    let registry = Registry::new();
-    let guard = Guard::new(
-        FenceKeys::new(Vec::new()),
-        GuardMetrics::register(&registry),
-    );
     let url = format!("sqlite://{}", file.display());
-    let settings = StoreOptions::default();
-    let docs = docs::open(Some(&url), guarding, settings, &guard).await?;
-    DemoServer::build(
+    let page = PageOptions {
+        guarding,
+        ..PageOptions::default()
+    };
+    DemoServer::open(
         "127.0.0.1:0".parse()?,
-        docs,
-        guard,
-        settings.timeout,
-        registry,
-        PageOptions {
-            guarding,
-            ..PageOptions::default()
-        },
+        Some(&url),
+        FenceKeys::new(Vec::new()),
+        StoreOptions::default(),
+        page,
     )
+    .await
 }
 
 /// The address a single-host `postgres://` URL names, and how to write the URL for
