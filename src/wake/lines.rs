@@ -174,6 +174,11 @@ mod tests {
         assert!(lines.lock().is_empty(), "the registry holds only waiters");
     }
 
+    /// Three waiters of `a`, joined in ticket order.
+    fn three_waiters(lines: &Arc<Lines>) -> [Place; 3] {
+        [1, 2, 3].map(|ticket| lines.join(&name("a"), Ticket::new(ticket)))
+    }
+
     fn handoff() -> Handoff {
         let changes = crate::wake::Changes::new();
         Handoff {
@@ -185,9 +190,7 @@ mod tests {
     #[test]
     fn a_handoff_goes_to_the_next_first_waiter_once() {
         let lines = Arc::new(Lines::default());
-        let first = lines.join(&name("a"), Ticket::new(1));
-        let second = lines.join(&name("a"), Ticket::new(2));
-        let third = lines.join(&name("a"), Ticket::new(3));
+        let [first, second, third] = three_waiters(&lines);
         first.leave_granted(handoff());
         assert!(third.take_handoff().is_none(), "not first");
         assert!(second.take_handoff().is_some());
@@ -197,9 +200,7 @@ mod tests {
     #[test]
     fn a_first_waiter_leaving_without_the_lease_drops_the_handoff() {
         let lines = Arc::new(Lines::default());
-        let first = lines.join(&name("a"), Ticket::new(1));
-        let second = lines.join(&name("a"), Ticket::new(2));
-        let third = lines.join(&name("a"), Ticket::new(3));
+        let [first, second, third] = three_waiters(&lines);
         first.leave_granted(handoff());
         drop(second);
         assert!(third.take_handoff().is_none(), "stale");
@@ -208,9 +209,7 @@ mod tests {
     #[tokio::test]
     async fn leaving_from_behind_wakes_nobody() {
         let lines = Arc::new(Lines::default());
-        let first = lines.join(&name("a"), Ticket::new(1));
-        let second = lines.join(&name("a"), Ticket::new(2));
-        let third = lines.join(&name("a"), Ticket::new(3));
+        let [first, second, third] = three_waiters(&lines);
         drop(second);
         assert!(first.is_first() && !third.is_first());
         assert!(
