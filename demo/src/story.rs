@@ -1,6 +1,6 @@
 //! The paused-worker story, played against a real lease server and a real demo store:
 //! the ones it is given (`fencelock-demo paused-worker` starts in-process ones for those its
-//! command line does not name; the page plays the same steps, [`Scene`], on its own desks).
+//! command line does not name; the page plays the same steps, `Scene`, on its own desks).
 //!
 //! Worker A acquires a lease and starts writing, then pauses past its TTL (a stand-in for a
 //! GC pause: A neither renews nor notices). The lease expires; worker B acquires it with a

@@ -99,7 +99,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> Result<Option<Lease>, StoreError>;
 
     /// The wake registry this store announces changes to: the grants, releases and
-    /// dequeues of every process sharing the store (see [`crate::wake`]).
+    /// dequeues of every process sharing the store (see the `wake` module).
     fn changes(&self) -> Arc<Changes>;
 
     /// The live lease of `resource`, if any. Expired leases are absent.
