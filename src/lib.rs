@@ -9,7 +9,8 @@
 //!
 //! # Layers
 //! Each layer uses only the layers above it in this list (and the `fencelock` library),
-//! never one below:
+//! never one below; the modules of one layer may use each other, without a circle
+//! (`scripts/check-imports` checks both):
 //!
 //! 1. `auth` (the bearer tokens of `--auth-file`: the file's validated form, the
 //!    constant-time lookup of a secret, reload on `SIGHUP`), `shutdown` and `tls`.
@@ -17,8 +18,8 @@
 //!    acquisitions, watches) and the queue lines of waiters; it knows no store.
 //! 3. `store`: the `LeaseStore` trait, its configuration and its chores, and the
 //!    PostgreSQL and SQLite stores. It knows nothing of HTTP.
-//! 4. `waiting` (on `store`): waiting acquisitions (`wait_ms`), the loop that queues a
-//!    request and tries again on every change the store announces.
+//! 4. `waiting` (on `store` and `wake`): waiting acquisitions (`wait_ms`), the loop that
+//!    queues a request and tries again on every change the store announces.
 //! 5. `config`: the command line and the settings it makes.
 //! 6. `routes` (on all of the above): the handlers: parse, ask the store, render; and
 //!    `refusal`, the problem documents for requests the HTTP parser refuses.
@@ -37,12 +38,13 @@ mod store;
 mod telemetry;
 mod tls;
 mod waiting;
+mod wake;
 
 // The façade: what the test kit, the demo and the benchmarks use of the server.
 pub use config::{LogFormat, Settings};
 pub use refusal::install_refusal_renderer;
 pub use run::main;
-pub use shutdown::signal;
+pub use shutdown::stop_on_signal;
 pub use startup::{Application, raise_open_file_limit};
 pub use store::{
     DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS, Deadline, LeaseStore, SharedStore, StoreConfig,

@@ -92,12 +92,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     if let Some(auth) = app.auth() {
         actix_web::rt::spawn(shutdown::hangups(move || auth.reload_logged()));
     }
-    let handle = app.handle();
-    actix_web::rt::spawn(async move {
-        let signal = shutdown::signal().await;
-        tracing::info!(signal, "shutting down: finishing in-flight requests");
-        handle.stop(true).await;
-    });
+    shutdown::stop_on_signal(app.handle());
     app.run_until_stopped().await
 }
 

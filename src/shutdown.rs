@@ -2,8 +2,18 @@
 //! server gracefully, letting in-flight requests finish; SIGHUP asks for the auth file to be
 //! read again ([`hangups`]).
 
+/// Stops the server behind `handle` gracefully (in-flight requests finish) at the first stop
+/// signal, logging which one arrived; from a task of its own, spawned here.
+pub fn stop_on_signal(handle: actix_web::dev::ServerHandle) {
+    actix_web::rt::spawn(async move {
+        let signal = signal().await;
+        tracing::info!(signal, "shutting down: finishing in-flight requests");
+        handle.stop(true).await;
+    });
+}
+
 /// Completes when the first stop signal arrives and names it.
-pub async fn signal() -> &'static str {
+async fn signal() -> &'static str {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -4,15 +4,16 @@
 //!
 //! The store offers small primitives, each one atomic step: `acquire` (which grants only to
 //! the head of a non-empty queue), `enqueue`, `dequeue`, and its wake registry
-//! ([`crate::store::Changes`]). The loop costs no store round trip while nothing changes,
+//! ([`crate::wake::Changes`]). The loop costs no store round trip while nothing changes,
 //! beyond one attempt per deadline the store named (`free_in`).
 //!
 //! Of this process's waiters of one resource only the one with the smallest ticket listens
-//! and attempts; the others sleep until it has left ([`line`]): only the store's head can win,
-//! and waking every waiter on every change cost a store transaction each. One that leaves with
-//! the lease tells the next what it saw ([`line::Handoff`]): the lease is its own until its
-//! expiry, as of the changes announced so far, so the next waits for a later change (or that
-//! expiry) instead of looking at once and finding it held.
+//! and attempts; the others sleep until it has left (the store's waiting lines,
+//! [`crate::wake::Lines`]): only the store's head can win, and waking every waiter on every
+//! change cost a store transaction each. One that leaves with the lease tells the next what
+//! it saw ([`Handoff`]): the lease is its own until its expiry, as of the changes announced
+//! so far, so the next waits for a later change (or that expiry) instead of looking at once
+//! and finding it held.
 //!
 //! A store may also serve the queue itself: PostgreSQL grants a released lease to the first
 //! ticket in the release's own transaction (migration V10), and the waiter's next attempt,
@@ -24,17 +25,13 @@
 //! the requester gone, leaves the queue, and releases a lease an attempt in flight was
 //! granted for nobody, so a gone waiter never keeps a lease.
 
-mod line;
-
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::store::{Deadline, SharedStore, StoreError, Subscription};
+use crate::store::{Deadline, SharedStore, StoreError};
+use crate::wake::{Handoff, Subscription};
 use fencelock::domain::{AcquireOutcome, AcquireRequest, Acquisition, ReleaseRequest, Ticket};
-
-use line::Handoff;
-pub(crate) use line::Lines;
 
 /// How much longer than the store timeout one attempt may take before it counts as failed
 /// (as `routes::ANSWER_GRACE`: the store refuses work past its deadline by itself).

@@ -16,7 +16,8 @@
 //!   start); `next` is `null` on the last page. A bad `limit` or `after`, or any other
 //!   parameter, is `422 validation-failed` naming it.
 //!
-//! - `GET /openapi.json`: this API's OpenAPI document ([`crate::openapi`]).
+//! - `GET /openapi.json`: this API's OpenAPI document ([`document`]), the page's endpoints
+//!   included; its shapes and problem answers are in [`crate::wire`].
 //! - `GET /`: the paused-worker story as a page, and its JSON endpoints ([`crate::page`]).
 //!
 //! Every store call is bounded by the store timeout: past it, or when the database cannot be
@@ -34,19 +35,21 @@ use actix_web::middleware::from_fn;
 use actix_web::{App, FromRequest, HttpRequest, HttpResponse, HttpServer, web};
 use anyhow::Context as _;
 use chrono::SecondsFormat;
-use fencelock::domain::ResourceName;
-use fencelock::guard::{self, FencingToken, Guard};
+use fencelock::domain::{FenceKeys, ResourceName};
+use fencelock::guard::{self, FencingToken, Guard, GuardMetrics};
 use fencelock::http::body::read_json;
 use fencelock::http::metrics::HttpMetrics;
+use fencelock::http::openapi::finish;
 use fencelock::http::query::{self, Params, decimal};
 use fencelock::http::{self, ApiError, FieldError};
 use fencelock::metrics::Registry;
-use fencelock_server::StoreError;
-use serde_json::json;
+use fencelock_server::{StoreError, StoreOptions};
+use serde_json::{Value, json};
+use utoipa::OpenApi;
 
-use crate::docs::{MAX_PAGE_LIMIT, Page, Put, SharedDocs, Write};
-use crate::openapi as api;
-use crate::page::{self, PageOptions, Stage};
+use crate::docs::{self, MAX_PAGE_LIMIT, Outcome, Page, Put, SharedDocs, Write};
+use crate::page::{self, PageOptions, Stage, stage};
+use crate::wire;
 
 /// A bound demo store that has not started serving yet.
 pub struct DemoServer {
@@ -81,6 +84,23 @@ impl Docs {
 }
 
 impl DemoServer {
+    /// Opens the documents at `url` (see [`docs::open`]; `None`: the SQLite file
+    /// `fencelock-demo.db`), guarded as `page.guarding` says by a guard that holds `keys`
+    /// (none: bare fences), and builds the store on `bind` with a metrics registry of its own
+    /// (see [`DemoServer::build`]).
+    pub async fn open(
+        bind: SocketAddr,
+        url: Option<&str>,
+        keys: FenceKeys,
+        settings: StoreOptions,
+        page: PageOptions,
+    ) -> anyhow::Result<Self> {
+        let registry = Registry::new();
+        let guard = Guard::new(keys, GuardMetrics::register(&registry));
+        let docs = docs::open(url, page.guarding, settings, &guard).await?;
+        Self::build(bind, docs, guard, settings.timeout, registry, page)
+    }
+
     /// Binds `bind` and builds the app; `store_timeout` bounds every store call of every
     /// request (see [`crate::docs::StoreOptions`]). `guard` checks each write's token (with
     /// its keys, if any) and counts in `registry`, which `GET /metrics` serves; `docs` must
@@ -168,7 +188,36 @@ impl DemoServer {
 
 /// `GET /openapi.json`
 async fn openapi() -> HttpResponse {
-    http::openapi::serve(&api::document())
+    http::openapi::serve(&document())
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "fencelock demo store",
+        description = "A small protected store whose writes pass the fencelock write guard: \
+            each write carries the fence of its lease in `Fencing-Token`, and a write with a \
+            fence below the highest accepted for its key is refused (`409 stale-fence`).",
+        license(name = "MIT OR Apache-2.0", identifier = "MIT OR Apache-2.0"),
+    ),
+    paths(put_doc, get_doc, list_writes, page::state, page::play),
+    components(schemas(
+        wire::Applied, wire::Document, wire::WritesPage, wire::WriteRecord, Outcome,
+        page::PageState, page::RunState, page::Mark, page::DocumentState, page::LeaseState,
+        page::Started, page::PlayBody, page::Story, stage::Verdict, stage::VerdictKind,
+        stage::Event, stage::Phase,
+    )),
+    tags(
+        (name = "docs", description = "Documents and their write log"),
+        (name = "page", description = "The paused-worker page's state, and its buttons"),
+    ),
+)]
+struct DemoStoreApi;
+
+/// The demo store's OpenAPI 3.1 document, generated from the code (its handlers' paths,
+/// [`crate::wire`], the page's types): what `GET /openapi.json` serves.
+pub fn document() -> Value {
+    finish(DemoStoreApi::openapi())
 }
 
 fn key(raw: &str) -> Result<ResourceName, ApiError> {
@@ -192,13 +241,13 @@ impl FromRequest for Key {
 }
 
 #[utoipa::path(
-    put, path = "/docs/{key}", tag = "docs", params(api::KeyPath, api::FencingTokenHeader),
+    put, path = "/docs/{key}", tag = "docs", params(wire::KeyPath, wire::FencingTokenHeader),
     summary = "Write a document, if the writer's fence is not stale",
     request_body(content = serde_json::Value, content_type = "application/json",
         description = "Any JSON value"),
     responses(
-        (status = 200, body = api::Applied, description = "Applied"),
-        api::PutProblems,
+        (status = 200, body = wire::Applied, description = "Applied"),
+        wire::PutProblems,
     ),
 )]
 pub(crate) async fn put_doc(
@@ -241,9 +290,9 @@ pub(crate) async fn put_doc(
 }
 
 #[utoipa::path(
-    get, path = "/docs/{key}", tag = "docs", params(api::KeyPath),
+    get, path = "/docs/{key}", tag = "docs", params(wire::KeyPath),
     summary = "A document",
-    responses((status = 200, body = api::Document, description = "The document"), api::GetProblems),
+    responses((status = 200, body = wire::Document, description = "The document"), wire::GetProblems),
 )]
 pub(crate) async fn get_doc(
     Key(key): Key,
@@ -260,11 +309,11 @@ pub(crate) async fn get_doc(
 }
 
 #[utoipa::path(
-    get, path = "/docs/{key}/writes", tag = "docs", params(api::KeyPath, api::PageQuery),
+    get, path = "/docs/{key}/writes", tag = "docs", params(wire::KeyPath, wire::PageQuery),
     summary = "One page of the key's write log, oldest first; rejected writes stay visible",
     responses(
-        (status = 200, body = api::WritesPage, description = "A page of the write log"),
-        api::WritesProblems,
+        (status = 200, body = wire::WritesPage, description = "A page of the write log"),
+        wire::WritesProblems,
     ),
 )]
 pub(crate) async fn list_writes(

@@ -5,11 +5,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use fencelock::domain::{FenceKey, FenceKeys};
-use fencelock::guard::{Guard, GuardMetrics};
-use fencelock::metrics::Registry;
 use fencelock_demo::app::DemoServer;
 use fencelock_demo::chaos::{self, ChaosOptions};
-use fencelock_demo::docs::{self, Guarding};
+use fencelock_demo::docs::Guarding;
+use fencelock_demo::lease_server;
 use fencelock_demo::page::{PageOptions, stage};
 use fencelock_demo::story::{self, StoryOptions, Verdict};
 use fencelock_server::StoreOptions;
@@ -312,13 +311,12 @@ fn main() -> ExitCode {
                 };
                 let options = StoryOptions {
                     guarding: guarding(no_guard),
-                    lease_url,
-                    store_url,
+                    store_given: store_url.is_some(),
                     ttl_seconds,
                     token,
-                    fence_key,
+                    signed: fence_key.is_some(),
                 };
-                match story::run(options).await {
+                match paused_worker(lease_url, store_url, fence_key, options).await {
                     // No damage against a store whose own guard is on is the guard working,
                     // and the story says so in its last line.
                     Ok(Verdict::Protected | Verdict::DamageShown | Verdict::NoDamage) => {
@@ -375,12 +373,9 @@ async fn serve(
     settings: StoreOptions,
     page: PageOptions,
 ) -> anyhow::Result<()> {
-    let registry = Registry::new();
     let signed = keys.len();
     let guarding = page.guarding;
-    let guard = Guard::new(FenceKeys::new(keys), GuardMetrics::register(&registry));
-    let docs = docs::open(url, guarding, settings, &guard).await?;
-    let server = DemoServer::build(bind, docs, guard, settings.timeout, registry, page)?;
+    let server = DemoServer::open(bind, url, FenceKeys::new(keys), settings, page).await?;
     tracing::info!(
         port = server.port(),
         ?guarding,
@@ -395,13 +390,16 @@ async fn serve(
 async fn serve_page(bind: SocketAddr, page: PageOptions) -> anyhow::Result<()> {
     use anyhow::Context as _;
     let scratch = tempfile::tempdir().context("creating a scratch directory")?;
-    let registry = Registry::new();
-    let guard = Guard::new(FenceKeys::default(), GuardMetrics::register(&registry));
     let db = format!("sqlite://{}", scratch.path().join("docs.db").display());
-    let settings = StoreOptions::default();
-    let docs = docs::open(Some(&db), Guarding::On, settings, &guard).await?;
     let external = page.lease_url.is_some();
-    let server = DemoServer::build(bind, docs, guard, settings.timeout, registry, page)?;
+    let server = DemoServer::open(
+        bind,
+        Some(&db),
+        FenceKeys::default(),
+        StoreOptions::default(),
+        page,
+    )
+    .await?;
     let lease_url = server.prepare_page().await?;
     let shown = match bind.ip() {
         ip if ip.is_unspecified() => SocketAddr::new([127, 0, 0, 1].into(), server.port()),
@@ -423,11 +421,59 @@ async fn serve_page(bind: SocketAddr, page: PageOptions) -> anyhow::Result<()> {
 }
 
 async fn run_until_signal(server: DemoServer) -> anyhow::Result<()> {
-    let handle = server.handle();
-    actix_web::rt::spawn(async move {
-        let signal = fencelock_server::signal().await;
-        tracing::info!(signal, "shutting down");
-        handle.stop(true).await;
-    });
+    fencelock_server::stop_on_signal(server.handle());
     server.run_until_stopped().await
+}
+
+/// `fencelock-demo paused-worker`: the story against the lease server and the demo store at
+/// the URLs given, and in-process ones, on temporary SQLite files, for those not given (with
+/// `fence_key`, the lease server signs fences and the store takes only signed ones). They are
+/// stopped when the story ends.
+async fn paused_worker(
+    lease_url: Option<String>,
+    store_url: Option<String>,
+    fence_key: Option<FenceKey>,
+    options: StoryOptions,
+) -> anyhow::Result<Verdict> {
+    use anyhow::Context as _;
+    let scratch = tempfile::tempdir().context("creating a scratch directory")?;
+    let mut stops = Vec::new();
+    let lease_url = match lease_url {
+        Some(url) => url.trim_end_matches('/').to_owned(),
+        None => {
+            let (url, stop) = lease_server::start(scratch.path(), fence_key.clone()).await?;
+            stops.push(stop);
+            url
+        }
+    };
+    let store_url = match store_url {
+        Some(url) => url.trim_end_matches('/').to_owned(),
+        None => {
+            let db = format!("sqlite://{}", scratch.path().join("docs.db").display());
+            let page = PageOptions {
+                lease_url: Some(lease_url.clone()),
+                token: options.token.clone(),
+                guarding: options.guarding,
+                ..PageOptions::default()
+            };
+            let keys = FenceKeys::new(fence_key.into_iter().collect());
+            let server = DemoServer::open(
+                "127.0.0.1:0".parse()?,
+                Some(&db),
+                keys,
+                StoreOptions::default(),
+                page,
+            )
+            .await?;
+            let url = format!("http://127.0.0.1:{}", server.port());
+            stops.push(server.handle());
+            actix_web::rt::spawn(server.run_until_stopped());
+            url
+        }
+    };
+    let result = story::run(&options, &lease_url, &store_url).await;
+    for stop in stops {
+        stop.stop(true).await;
+    }
+    result
 }

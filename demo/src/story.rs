@@ -1,4 +1,6 @@
-//! The paused-worker story, played against a real lease server and a real demo store.
+//! The paused-worker story, played against a real lease server and a real demo store:
+//! the ones it is given (`fencelock-demo paused-worker` starts in-process ones for those its
+//! command line does not name; the page plays the same steps, `Scene`, on its own desks).
 //!
 //! Worker A acquires a lease and starts writing, then pauses past its TTL (a stand-in for a
 //! GC pause: A neither renews nor notices). The lease expires; worker B acquires it with a
@@ -13,32 +15,24 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use fencelock::client::Client;
 use fencelock::client::LockInfo;
-use fencelock::domain::{FenceKey, FenceKeys};
-use fencelock::guard::{FENCING_TOKEN, Guard, GuardMetrics};
-use fencelock::metrics::Registry;
-use fencelock_server::Application;
-use fencelock_server::Settings;
-use fencelock_server::StoreConfig;
+use fencelock::guard::FENCING_TOKEN;
 use serde_json::{Value, json};
 
-use crate::app::DemoServer;
-use crate::docs::{self, Guarding};
-use crate::page::PageOptions;
-use fencelock_server::StoreOptions;
+use crate::docs::Guarding;
 
 pub struct StoryOptions {
+    /// Whether the demo store checks fences, as the story expects it to.
     pub guarding: Guarding,
-    /// A running lease server; `None` starts one in-process on a temporary SQLite file.
-    pub lease_url: Option<String>,
-    /// A running demo store; `None` starts one in-process on a temporary SQLite file.
-    pub store_url: Option<String>,
+    /// The demo store is a running one the command line named (not one started for the
+    /// story): its guard is as that store was started, whatever `guarding` says.
+    pub store_given: bool,
     pub ttl_seconds: u32,
     /// The bearer secret for a lease server that runs with `--auth-file`; it needs the
     /// `lock` and `read` permissions on `report:`.
     pub token: Option<String>,
-    /// Signs fences in the in-process lease server, and is the only key of the in-process
-    /// store's guard. The workers send the lease server's `fence_token` whenever it gives one.
-    pub fence_key: Option<FenceKey>,
+    /// Whether a fence key signs the fences of the services started for the story (the
+    /// workers send the lease server's `fence_token` whenever it gives one).
+    pub signed: bool,
 }
 
 /// How the story ended.
@@ -68,61 +62,13 @@ macro_rules! out {
     }};
 }
 
-/// Plays the story, printing its timeline, and says how it ended.
-pub async fn run(options: StoryOptions) -> anyhow::Result<Verdict> {
-    let scratch = tempfile::tempdir().context("creating a scratch directory")?;
-    let mut stops = Vec::new();
-
-    let lease_url = match &options.lease_url {
-        Some(url) => url.trim_end_matches('/').to_owned(),
-        None => {
-            let mut settings =
-                Settings::for_store(StoreConfig::Sqlite(scratch.path().join("leases.db")));
-            settings.bind = "127.0.0.1:0".parse()?;
-            settings.fence_key = options.fence_key.clone();
-            let app = Application::build(settings).await?;
-            let url = format!("http://127.0.0.1:{}", app.port());
-            stops.push(app.handle());
-            actix_web::rt::spawn(app.run_until_stopped());
-            url
-        }
-    };
-    let store_url = match &options.store_url {
-        Some(url) => url.trim_end_matches('/').to_owned(),
-        None => {
-            let db = format!("sqlite://{}", scratch.path().join("docs.db").display());
-            let settings = StoreOptions::default();
-            let registry = Registry::new();
-            let keys = FenceKeys::new(options.fence_key.iter().cloned().collect());
-            let guard = Guard::new(keys, GuardMetrics::register(&registry));
-            let server = DemoServer::build(
-                "127.0.0.1:0".parse()?,
-                docs::open(Some(&db), options.guarding, settings, &guard).await?,
-                guard,
-                settings.timeout,
-                registry,
-                PageOptions {
-                    lease_url: Some(lease_url.clone()),
-                    token: options.token.clone(),
-                    guarding: options.guarding,
-                    ..PageOptions::default()
-                },
-            )?;
-            let url = format!("http://127.0.0.1:{}", server.port());
-            stops.push(server.handle());
-            actix_web::rt::spawn(server.run_until_stopped());
-            url
-        }
-    };
-
-    let result = play(&options, &lease_url, &store_url).await;
-    for stop in stops {
-        stop.stop(true).await;
-    }
-    result
-}
-
-async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyhow::Result<Verdict> {
+/// Plays the story against the lease server at `lease_url` and the demo store at
+/// `store_url`, printing its timeline, and says how it ended.
+pub async fn run(
+    options: &StoryOptions,
+    lease_url: &str,
+    store_url: &str,
+) -> anyhow::Result<Verdict> {
     let ttl = Duration::from_secs(u64::from(options.ttl_seconds));
     let mut locks = Client::builder(lease_url);
     if let Some(token) = &options.token {
@@ -135,7 +81,7 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
     let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S%.3f");
     let resource = format!("report:story-{stamp}");
 
-    let guard_text = match (options.guarding, options.store_url.is_some()) {
+    let guard_text = match (options.guarding, options.store_given) {
         (Guarding::On, _) => "guard ON",
         (Guarding::Off, false) => "guard OFF",
         (Guarding::Off, true) => "guard as configured on that store",
@@ -147,9 +93,9 @@ async fn play(options: &StoryOptions, lease_url: &str, store_url: &str) -> anyho
         "  resource:     {resource} (lease TTL {}s)",
         options.ttl_seconds
     )?;
-    let signed = match options.fence_key {
-        Some(_) => "signed (fence_token, checked by the store)",
-        None => "bare",
+    let signed = match options.signed {
+        true => "signed (fence_token, checked by the store)",
+        false => "bare",
     };
     out!("  fences:       {signed}\n")?;
 

@@ -6,12 +6,10 @@ use std::fmt;
 
 use stateright::actor::{Actor, Id, Out};
 
-use crate::config::{Fences, Guard};
+use crate::config::{Fences, Guard, Time};
 
 /// A fence, as the lease server issues it. The model never issues more than a few.
 pub type Fence = u32;
-/// A point on the store's clock, in ticks.
-pub type Time = u8;
 
 /// Actor ids: the server and the store first, then the workers.
 pub const SERVER: usize = 0;

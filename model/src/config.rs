@@ -1,6 +1,7 @@
 //! The model's bounds, and the switches that turn it into one of its broken variants.
 
-use crate::actors::Time;
+/// A point on the store's clock, in ticks.
+pub type Time = u8;
 
 /// How the guarded store treats a write's fence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -10,7 +10,7 @@
 //! and a lease server that crashes and restarts.
 //!
 //! # Layout
-//! - `config.rs`: the bounds, and the switches for the broken variants the checker must
+//! - `config.rs`: the store clock's tick (`Time`), the bounds, and the switches for the broken variants the checker must
 //!   catch (no guard, per-row fences, a guard that checks and applies in two steps, ...).
 //! - `actors.rs`: the lease server, the store and the workers.
 //! - `properties.rs`: the properties (a)-(d), and the lease history they are judged on.

@@ -2,8 +2,8 @@
 
 use stateright::actor::{ActorModelState, Envelope};
 
-use crate::actors::{Fence, Msg, Node, Owner, SERVER, State, StoreState, Time, worker_of};
-use crate::config::Config;
+use crate::actors::{Fence, Msg, Node, Owner, SERVER, State, StoreState, worker_of};
+use crate::config::{Config, Time};
 use crate::{Model, STORE};
 
 /// (a) In apply order, the fences of the applied writes never go down.

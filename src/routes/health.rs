@@ -3,7 +3,7 @@
 use actix_web::{HttpResponse, web};
 use serde::Serialize;
 
-use super::{AppState, openapi};
+use super::{AppState, wire};
 use fencelock::http::ApiError;
 
 /// The answer of `/healthz` (`ok`) and `/readyz` (`ready`).
@@ -30,7 +30,7 @@ pub(super) async fn healthz() -> HttpResponse {
     summary = "200 when the store accepts writes, else 503",
     responses(
         (status = 200, body = Status, description = "The store accepts writes"),
-        openapi::ReadyProblems,
+        wire::ReadyProblems,
     ),
 )]
 pub(super) async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {

@@ -4,8 +4,8 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
 
 use super::auth::Caller;
-use super::locks::rfc3339_millis;
-use super::{AppState, openapi, parse};
+use super::view::rfc3339_millis;
+use super::{AppState, parse, wire};
 use crate::auth::Permission;
 use fencelock::domain::{Fence, LeaseEnd, LeaseHistory, PastLease};
 use fencelock::http::ApiError;
@@ -83,11 +83,11 @@ struct HistoryView<'a> {
 /// `GET /locks/{resource}/history?limit=N`
 #[utoipa::path(
     get, path = "/locks/{resource}/history", tag = "locks",
-    params(openapi::ResourcePath, openapi::HistoryParams),
+    params(wire::ResourcePath, wire::HistoryParams),
     summary = "The resource's most recent leases, newest first, without owners",
     responses(
         (status = 200, body = HistoryView<'_>, description = "The leases; an empty list when there are none"),
-        openapi::HistoryProblems,
+        wire::HistoryProblems,
     ),
 )]
 pub(super) async fn history(

@@ -4,8 +4,8 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
 
 use super::auth::Caller;
-use super::locks::{lock_object, rfc3339_millis};
-use super::{AppState, openapi, parse};
+use super::view::{lock_object, rfc3339_millis};
+use super::{AppState, parse, wire};
 use fencelock::domain::{Fence, LeasePage, ListRequest, ListedLease, time_left_ms};
 use fencelock::http::ApiError;
 
@@ -66,11 +66,11 @@ impl<'a> From<&'a LeasePage> for LockListView<'a> {
 
 /// `GET /locks?prefix=P&limit=N&after=R`
 #[utoipa::path(
-    get, path = "/locks", tag = "locks", params(openapi::ListParams),
+    get, path = "/locks", tag = "locks", params(wire::ListParams),
     summary = "The live leases whose names start with a prefix, a page at a time, in name order, without owners",
     responses(
         (status = 200, body = LockListView<'_>, description = "One page of live leases"),
-        openapi::ListProblems,
+        wire::ListProblems,
     ),
 )]
 pub(super) async fn list(

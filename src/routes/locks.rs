@@ -2,99 +2,22 @@
 
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpRequest, HttpResponse, web};
-use chrono::{DateTime, SecondsFormat, Utc};
 use futures_util::future::LocalBoxFuture;
 use serde::Serialize;
 
 use super::auth::Caller;
 use super::metrics::Counted;
 use super::parse::Limits;
-use super::{AppState, openapi, parse};
+use super::view::{self, LockView};
+use super::{AppState, parse, wire};
 use crate::auth::Permission;
 use crate::store::{Deadline, StoreError};
 use fencelock::domain::{
-    AcquireOutcome, AcquireRequest, Acquisition, Fence, FenceKey, Lease, ReleaseOutcome,
-    ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ttl, time_left_ms,
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, Lease, ReleaseOutcome, ReleaseRequest,
+    RenewOutcome, RenewRequest, ResourceName, Ttl,
 };
 use fencelock::http::ApiError;
 use fencelock::http::body::{JsonObject, Object};
-
-/// Declares a lock object: its own fields, then the lease's times, which every lock object
-/// shows alike (the same names, descriptions and formats, from the store's clock).
-macro_rules! lock_object {
-    (
-        $(#[$meta:meta])*
-        $vis:vis struct $name:ident<'a> { $($(#[$field_meta:meta])* $field:ident: $ty:ty,)* }
-    ) => {
-        $(#[$meta])*
-        $vis struct $name<'a> {
-            $($(#[$field_meta])* $field: $ty,)*
-            /// RFC 3339 UTC, millisecond precision.
-            #[schema(format = DateTime)]
-            acquired_at: String,
-            /// RFC 3339 UTC, millisecond precision; the lease is expired when now >= `expires_at`.
-            #[schema(format = DateTime)]
-            expires_at: String,
-            /// Time left, measured by the store's clock when the answer was made.
-            #[schema(minimum = 0)]
-            expires_in_ms: i64,
-        }
-    };
-}
-pub(super) use lock_object;
-
-lock_object! {
-    /// A lease as clients see it. `owner` is shown only to the request that presented it. The
-    /// `fence_token`, like the fence it signs, is part of every lock object (API.md, *Signed
-    /// fences*): it proves which fence the lease server issued for which resource.
-    #[derive(Serialize, utoipa::ToSchema)]
-    #[serde(deny_unknown_fields)]
-    #[schema(as = Lock)]
-    pub(super) struct LockView<'a> {
-        /// The locked resource.
-        resource: &'a str,
-        /// The holder's owner token, shown only to the request that presented it.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        #[schema(value_type = String, required = true)]
-        owner: Option<&'a str>,
-        /// The lease's fencing token: greater than every fence issued before it.
-        #[schema(value_type = i64, minimum = 1, maximum = 9_007_199_254_740_991_i64)]
-        fence: Fence,
-        /// Only when the server has a fence key: `<fence>.<signature>`, the fence signed for
-        /// this resource. Send it as `Fencing-Token` to guards that hold the same key; they
-        /// refuse bare fences.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        #[schema(value_type = String, required = false, pattern = r"^[1-9][0-9]*\.[A-Za-z0-9_-]{43}$")]
-        fence_token: Option<String>,
-    }
-}
-
-impl<'a> LockView<'a> {
-    /// The holder's view: with its owner, and its `fence_token` when `key` signs fences.
-    fn with_owner(lease: &'a Lease, key: Option<&FenceKey>) -> Self {
-        Self {
-            owner: Some(lease.owner.as_str()),
-            ..Self::without_owner(lease, key)
-        }
-    }
-
-    /// Anyone's view: no owner.
-    pub(super) fn without_owner(lease: &'a Lease, key: Option<&FenceKey>) -> Self {
-        Self {
-            resource: lease.resource.as_str(),
-            owner: None,
-            fence: lease.fence,
-            fence_token: key.map(|key| key.sign(lease.resource.as_str(), lease.fence)),
-            acquired_at: rfc3339_millis(lease.acquired_at),
-            expires_at: rfc3339_millis(lease.expires_at),
-            expires_in_ms: time_left_ms(lease.expires_at, lease.observed_at),
-        }
-    }
-}
-
-pub(super) fn rfc3339_millis(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
 
 #[derive(Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -124,12 +47,12 @@ enum AcquireResponse<'a> {
 
 /// `POST /locks/{resource}` `{"owner", "ttl_seconds", "wait_ms"?}`
 #[utoipa::path(
-    post, path = "/locks/{resource}", tag = "locks", params(openapi::ResourcePath),
+    post, path = "/locks/{resource}", tag = "locks", params(wire::ResourcePath),
     summary = "Acquire a lease, or re-acquire it by the same owner (a new, greater fence)",
-    request_body(content = openapi::AcquireBody, content_type = "application/json"),
+    request_body(content = wire::AcquireBody, content_type = "application/json"),
     responses(
         (status = 200, body = AcquireResponse<'_>, description = "Acquired, or held by another owner"),
-        openapi::AcquireProblems,
+        wire::AcquireProblems,
     ),
 )]
 pub(super) async fn acquire(
@@ -174,11 +97,11 @@ pub(super) async fn acquire(
 
 /// `GET /locks/{resource}`: the live lease, without its owner.
 #[utoipa::path(
-    get, path = "/locks/{resource}", tag = "locks", params(openapi::ResourcePath),
+    get, path = "/locks/{resource}", tag = "locks", params(wire::ResourcePath),
     summary = "The live lease, without its owner",
     responses(
-        (status = 200, body = openapi::LiveLease, description = "The live lease"),
-        openapi::InspectProblems,
+        (status = 200, body = view::LiveLease, description = "The live lease"),
+        wire::InspectProblems,
     ),
 )]
 pub(super) async fn inspect(
@@ -199,12 +122,12 @@ pub(super) async fn inspect(
 
 /// `POST /locks/{resource}/renew` `{"owner", "ttl_seconds", "fence"?}`
 #[utoipa::path(
-    post, path = "/locks/{resource}/renew", tag = "locks", params(openapi::ResourcePath),
+    post, path = "/locks/{resource}/renew", tag = "locks", params(wire::ResourcePath),
     summary = "Extend the live lease: same fence, expires_at = now + ttl_seconds",
-    request_body(content = openapi::RenewBody, content_type = "application/json"),
+    request_body(content = wire::RenewBody, content_type = "application/json"),
     responses(
         (status = 200, body = RenewResponse<'_>, description = "Renewed"),
-        openapi::RenewProblems,
+        wire::RenewProblems,
     ),
 )]
 pub(super) async fn renew(
@@ -237,12 +160,12 @@ pub(super) async fn renew(
 
 /// `DELETE /locks/{resource}` or `POST /locks/{resource}/release`, `{"owner", "fence"?}`
 #[utoipa::path(
-    delete, path = "/locks/{resource}", tag = "locks", params(openapi::ResourcePath),
+    delete, path = "/locks/{resource}", tag = "locks", params(wire::ResourcePath),
     summary = "Release a lease",
-    request_body(content = openapi::ReleaseBody, content_type = "application/json"),
+    request_body(content = wire::ReleaseBody, content_type = "application/json"),
     responses(
         (status = 204, description = "Released"),
-        openapi::ReleaseProblems,
+        wire::ReleaseProblems,
     ),
 )]
 pub(super) async fn release(

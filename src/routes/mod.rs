@@ -1,5 +1,10 @@
 //! The lease server's routes: each handler parses its request (`parse`), asks the store,
 //! and renders the outcome. The HTTP toolkit they stand on is [`fencelock::http`].
+//!
+//! The handlers (`locks`, `listing`, `history`, `watch`, `health`) stand on what they share:
+//! `parse`, `auth`, `metrics`, `wire` (the shapes of their requests and their problem
+//! answers, for the OpenAPI document) and `view` (the lock object). `openapi` stands above
+//! them all: it gathers their paths into the document.
 
 pub(crate) mod auth;
 mod health;
@@ -9,7 +14,9 @@ mod locks;
 pub(crate) mod metrics;
 pub(crate) mod openapi;
 mod parse;
+mod view;
 mod watch;
+mod wire;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! live lease.
 //!
 //! Woken by the same announcements as waiting acquisitions (the store's
-//! [`crate::store::Changes`]); an expiry is announced by nobody, so the watch arms a timer on
+//! [`crate::wake::Changes`]); an expiry is announced by nobody, so the watch arms a timer on
 //! the lease's `expires_at` by the store's clock. While nothing changes it costs no store
 //! read beyond one at the expiry.
 
@@ -13,10 +13,10 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
 
 use super::auth::Caller;
-use super::locks::LockView;
-use super::{AppState, openapi, parse};
+use super::view::{self, LockView};
+use super::{AppState, parse, wire};
 use crate::auth::Permission;
-use crate::store::{Registration, Watching};
+use crate::wake::{Registration, Watching};
 use fencelock::domain::time_left_ms;
 use fencelock::http::ApiError;
 
@@ -33,18 +33,18 @@ pub(super) struct WatchResponse<'a> {
     /// timeout, and always without `fence`.
     changed: bool,
     /// The live lease as inspect shows it (no owner), `null` when there is none.
-    #[schema(value_type = Option<openapi::LiveLease>, required = true)]
+    #[schema(value_type = Option<view::LiveLease>, required = true)]
     lock: Option<LockView<'a>>,
 }
 
 /// `GET /locks/{resource}/watch?fence=F&timeout_ms=T`
 #[utoipa::path(
     get, path = "/locks/{resource}/watch", tag = "locks",
-    params(openapi::ResourcePath, openapi::WatchParams),
+    params(wire::ResourcePath, wire::WatchParams),
     summary = "Wait until the lease with a given fence ends, or answer at once when it is not the live lease",
     responses(
         (status = 200, body = WatchResponse<'_>, description = "The lease changed (or the watch timed out), with the live lease"),
-        openapi::WatchProblems,
+        wire::WatchProblems,
     ),
 )]
 pub(super) async fn watch(

@@ -6,7 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use prometheus::{HistogramVec, IntCounterVec};
 
-use super::{Changes, Deadline, LeaseStore, SharedStore, StoreError, Watching};
+use super::{Deadline, LeaseStore, SharedStore, StoreError};
+use crate::wake::{Changes, Watching};
 use fencelock::domain::{
     AcquireOutcome, AcquireRequest, HistoryRequest, Lease, LeaseHistory, LeasePage, ListRequest,
     ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ticket,

@@ -9,7 +9,6 @@
 //! two chores run beside the server ([`chore::Chore`]): [`purge::Purge`] and
 //! [`live::LiveLeases`].
 
-pub(crate) mod changes;
 pub(crate) mod chore;
 mod config;
 pub(crate) mod live;
@@ -23,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-pub(crate) use changes::{Changes, Registration, Seen, Subscription, Watching};
+use crate::wake::{Changes, Registration, Watching};
+
 pub(crate) use config::DEFAULT_PG_BATCH_MAX;
 pub use config::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS, StoreConfig, StoreOptions};
 use fencelock::domain::{
@@ -99,7 +99,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> Result<Option<Lease>, StoreError>;
 
     /// The wake registry this store announces changes to: the grants, releases and
-    /// dequeues of every process sharing the store (see [`changes`]).
+    /// dequeues of every process sharing the store (see the `wake` module).
     fn changes(&self) -> Arc<Changes>;
 
     /// The live lease of `resource`, if any. Expired leases are absent.
@@ -144,14 +144,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// [`PURGE_BATCH`] so that purging millions of one-off resources never holds one huge
     /// transaction (nor, on SQLite, the write lock for long); returns how many.
     async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError> {
-        let mut total = 0;
-        loop {
-            let deleted = self.purge_batch(grace, PURGE_BATCH).await?;
-            total += deleted;
-            if deleted < PURGE_BATCH {
-                return Ok(total);
-            }
-        }
+        in_batches(|limit| self.purge_batch(grace, limit)).await
     }
 
     /// The most recent leases of `req.resource`, newest first, at most `req.limit`: a range
@@ -166,14 +159,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Deletes the history of every lease that ended more than `retention` ago, in batches of
     /// [`PURGE_BATCH`], as [`LeaseStore::purge_expired`] does; returns how many rows.
     async fn purge_history(&self, retention: Duration) -> Result<u64, StoreError> {
-        let mut total = 0;
-        loop {
-            let deleted = self.purge_history_batch(retention, PURGE_BATCH).await?;
-            total += deleted;
-            if deleted < PURGE_BATCH {
-                return Ok(total);
-            }
-        }
+        in_batches(|limit| self.purge_history_batch(retention, limit)).await
     }
 
     /// How many live leases the store holds: a range scan of the expiry index, for the
@@ -198,6 +184,22 @@ pub trait LeaseStore: Send + Sync + 'static {
 }
 
 pub type SharedStore = Arc<dyn LeaseStore>;
+
+/// Runs `batch` (which deletes at most the `limit` it is given, and says how many it did)
+/// with a limit of [`PURGE_BATCH`] until one deletes fewer; returns how many in all.
+async fn in_batches<F>(mut batch: impl FnMut(u64) -> F) -> Result<u64, StoreError>
+where
+    F: Future<Output = Result<u64, StoreError>>,
+{
+    let mut total = 0;
+    loop {
+        let deleted = batch(PURGE_BATCH).await?;
+        total += deleted;
+        if deleted < PURGE_BATCH {
+            return Ok(total);
+        }
+    }
+}
 
 /// Logs at ERROR a store failure that will not heal by waiting (the store refuses writes, or
 /// cannot be used as configured), at most once per [`LASTING_REPORT_EVERY`] in this process:

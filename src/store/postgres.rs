@@ -21,7 +21,8 @@ use tokio::sync::OnceCell;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use super::{Changes, Deadline, LeaseStore, Registration, StoreError, Watching};
+use super::{Deadline, LeaseStore, StoreError};
+use crate::wake::{Changes, Registration, Watching};
 use fencelock::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Lease, LeaseHistory, Owner,
     PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
@@ -36,7 +37,7 @@ pub(crate) mod conninfo;
 mod listen;
 pub(crate) mod tls;
 
-use batch::{BatchMetrics, Batcher};
+use batch::{BatchMetrics, Batched, Batcher};
 use clock::DbClock;
 use tls::PgTls;
 
@@ -637,40 +638,6 @@ impl Db {
         Ok(AcquireOutcome::Acquired { lease, how })
     }
 
-    /// Renew and release alone are `fencelock_apply` with one request: the rules (and the
-    /// history they write) exist once, in SQL, for batches and single statements alike.
-    async fn renew_alone(
-        &self,
-        req: &RenewRequest,
-        deadline: Deadline,
-    ) -> Result<RenewOutcome, StoreError> {
-        let one = batch::Single {
-            kind: "renew",
-            resource: &req.resource,
-            owner: &req.owner,
-            ttl: Some(ttl_param(req.ttl.seconds())),
-            fence: req.fence,
-        };
-        let row = one.apply(self, deadline).await?;
-        batch::renewed(req, &row)
-    }
-
-    async fn release_alone(
-        &self,
-        req: &ReleaseRequest,
-        deadline: Deadline,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        let one = batch::Single {
-            kind: "release",
-            resource: &req.resource,
-            owner: &req.owner,
-            ttl: None,
-            fence: req.fence,
-        };
-        let row = one.apply(self, deadline).await?;
-        batch::released(&row)
-    }
-
     fn describe(&self) -> String {
         format!("PostgreSQL at {}", self.config.redacted_url)
     }
@@ -692,7 +659,7 @@ impl LeaseStore for PgStore {
         let alone =
             req.token.as_ref().is_some_and(|t| t.max_leases.is_some()) || req.ticket.is_some();
         match &self.batcher {
-            Some(batcher) if !alone => batcher.acquire(req, deadline).await,
+            Some(batcher) if !alone => batcher.decide(req, deadline).await,
             _ => self.db.acquire_alone(req, deadline).await,
         }
     }
@@ -804,8 +771,8 @@ impl LeaseStore for PgStore {
         deadline: Deadline,
     ) -> Result<RenewOutcome, StoreError> {
         match &self.batcher {
-            Some(batcher) => batcher.renew(req, deadline).await,
-            None => self.db.renew_alone(req, deadline).await,
+            Some(batcher) => batcher.decide(req, deadline).await,
+            None => req.alone(&self.db, deadline).await,
         }
     }
 
@@ -816,8 +783,8 @@ impl LeaseStore for PgStore {
         deadline: Deadline,
     ) -> Result<ReleaseOutcome, StoreError> {
         match &self.batcher {
-            Some(batcher) => batcher.release(req, deadline).await,
-            None => self.db.release_alone(req, deadline).await,
+            Some(batcher) => batcher.decide(req, deadline).await,
+            None => req.alone(&self.db, deadline).await,
         }
     }
 

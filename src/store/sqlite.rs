@@ -20,7 +20,8 @@ use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Changes, Deadline, LeaseStore, StoreError};
+use super::{Deadline, LeaseStore, StoreError};
+use crate::wake::Changes;
 use fencelock::domain::decide::{self, AcquireVerdict};
 use fencelock::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Lease, LeaseHistory,
@@ -101,6 +102,27 @@ impl SqliteStore {
         answer
             .await
             .map_err(|_| StoreError::unavailable("the SQLite thread has stopped"))?
+    }
+
+    /// Runs the lock write `op` by `deadline` (see [`SqliteStore::call`]), and announces a
+    /// change of `resource` to this process's waiters and watchers when `changed` says the
+    /// outcome changed its lease (other processes see it in their poll of the file).
+    async fn write_announced<T, F>(
+        &self,
+        resource: &ResourceName,
+        deadline: Deadline,
+        op: F,
+        changed: impl FnOnce(&T) -> bool,
+    ) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let outcome = self.call(Some(deadline), op).await?;
+        if changed(&outcome) {
+            self.changes.changed(resource.as_str());
+        }
+        Ok(outcome)
     }
 }
 
@@ -667,15 +689,14 @@ impl LeaseStore for SqliteStore {
         req: &AcquireRequest,
         deadline: Deadline,
     ) -> Result<AcquireOutcome, StoreError> {
-        let resource = req.resource.clone();
-        let req = req.clone();
-        let outcome = self
-            .call(Some(deadline), move |conn| acquire(conn, &req))
-            .await?;
-        if matches!(outcome, AcquireOutcome::Acquired { .. }) {
-            self.changes.changed(resource.as_str());
-        }
-        Ok(outcome)
+        let owned = req.clone();
+        self.write_announced(
+            &req.resource,
+            deadline,
+            move |conn| acquire(conn, &owned),
+            |outcome| matches!(outcome, AcquireOutcome::Acquired { .. }),
+        )
+        .await
     }
 
     async fn enqueue(&self, req: &AcquireRequest, wait: Duration) -> Result<Ticket, StoreError> {
@@ -720,15 +741,14 @@ impl LeaseStore for SqliteStore {
         req: &ReleaseRequest,
         deadline: Deadline,
     ) -> Result<ReleaseOutcome, StoreError> {
-        let resource = req.resource.clone();
-        let req = req.clone();
-        let outcome = self
-            .call(Some(deadline), move |conn| release(conn, &req))
-            .await?;
-        if matches!(outcome, ReleaseOutcome::Released { .. }) {
-            self.changes.changed(resource.as_str());
-        }
-        Ok(outcome)
+        let owned = req.clone();
+        self.write_announced(
+            &req.resource,
+            deadline,
+            move |conn| release(conn, &owned),
+            |outcome| matches!(outcome, ReleaseOutcome::Released { .. }),
+        )
+        .await
     }
 
     async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError> {

@@ -553,6 +553,10 @@ mod tests {
         }
     }
 
+    fn inspected(answer: InspectAnswer) -> Op {
+        Op::Inspect { answer }
+    }
+
     fn write(fence: i64, answer: WriteAnswer) -> Op {
         Op::Write {
             owner: String::new(),
@@ -579,9 +583,7 @@ mod tests {
                     "k",
                     1130,
                     1140,
-                    Op::Inspect {
-                        answer: InspectAnswer::Live(lease(2, 1100, 1000)),
-                    },
+                    inspected(InspectAnswer::Live(lease(2, 1100, 1000))),
                 ),
                 record("k", 1140, 1150, release("b", 2, ReleaseAnswer::Released)),
                 record(
@@ -696,31 +698,15 @@ mod tests {
             "k",
             1130,
             1140,
-            Op::Inspect {
-                answer: InspectAnswer::Live(lease(1, 0, 1000)),
-            },
+            inspected(InspectAnswer::Live(lease(1, 0, 1000))),
         );
         assert!(violations(&history)[0].contains("an acknowledged lease is gone"));
 
-        history.records[5] = record(
-            "k",
-            1130,
-            1135,
-            Op::Inspect {
-                answer: InspectAnswer::None,
-            },
-        );
+        history.records[5] = record("k", 1130, 1135, inspected(InspectAnswer::None));
         assert!(violations(&history)[0].contains("cannot have expired yet"));
 
         // Once its TTL may have run out, no lease is a fair answer.
-        history.records[5] = record(
-            "k",
-            2200,
-            2210,
-            Op::Inspect {
-                answer: InspectAnswer::None,
-            },
-        );
+        history.records[5] = record("k", 2200, 2210, inspected(InspectAnswer::None));
         history.records.truncate(6);
         history.write_logs.clear();
         history

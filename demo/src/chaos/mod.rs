@@ -22,8 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
 use fencelock::domain::FenceKeys;
-use fencelock::guard::{FENCING_TOKEN, Guard, GuardMetrics};
-use fencelock::metrics::Registry;
+use fencelock::guard::FENCING_TOKEN;
 use fencelock_server::StoreOptions;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
@@ -37,7 +36,7 @@ use self::history::{
 use self::instances::Instance;
 use self::proxy::CutProxy;
 use crate::app::DemoServer;
-use crate::docs::{self, Guarding};
+use crate::docs::Guarding;
 use crate::page::PageOptions;
 
 pub struct ChaosOptions {
@@ -277,25 +276,19 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
 }
 
 async fn demo_store(file: &std::path::Path, guarding: Guarding) -> anyhow::Result<DemoServer> {
-    let registry = Registry::new();
-    let guard = Guard::new(
-        FenceKeys::new(Vec::new()),
-        GuardMetrics::register(&registry),
-    );
     let url = format!("sqlite://{}", file.display());
-    let settings = StoreOptions::default();
-    let docs = docs::open(Some(&url), guarding, settings, &guard).await?;
-    DemoServer::build(
+    let page = PageOptions {
+        guarding,
+        ..PageOptions::default()
+    };
+    DemoServer::open(
         "127.0.0.1:0".parse()?,
-        docs,
-        guard,
-        settings.timeout,
-        registry,
-        PageOptions {
-            guarding,
-            ..PageOptions::default()
-        },
+        Some(&url),
+        FenceKeys::new(Vec::new()),
+        StoreOptions::default(),
+        page,
     )
+    .await
 }
 
 /// The address a single-host `postgres://` URL names, and how to write the URL for
@@ -694,45 +687,18 @@ fn write_history(path: &std::path::Path, records: &[Record]) -> anyhow::Result<(
     Ok(())
 }
 
-/// How many requests of each kind, by answer.
+/// How many requests of each kind, by answer: named as the history file (`--history-out`)
+/// names them, by their `op` and their answer's `answer`.
 fn operations_line(records: &[Record]) -> String {
-    let mut counts: BTreeMap<&str, BTreeMap<&str, usize>> = BTreeMap::new();
+    let mut counts: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
     for r in records {
-        let (op, answer) = match &r.op {
-            Op::Acquire { answer, .. } => (
-                "acquire",
-                match answer {
-                    AcquireAnswer::Acquired(_) => "acquired",
-                    AcquireAnswer::Held => "held",
-                    AcquireAnswer::Unknown { .. } => "unknown",
-                },
-            ),
-            Op::Write { answer, .. } => (
-                "write",
-                match answer {
-                    WriteAnswer::Applied => "applied",
-                    WriteAnswer::Stale { .. } => "stale",
-                    WriteAnswer::Unknown { .. } => "unknown",
-                },
-            ),
-            Op::Release { answer, .. } => (
-                "release",
-                match answer {
-                    ReleaseAnswer::Released => "released",
-                    ReleaseAnswer::Refused { .. } => "refused",
-                    ReleaseAnswer::Unknown { .. } => "unknown",
-                },
-            ),
-            Op::Inspect { answer } => (
-                "inspect",
-                match answer {
-                    InspectAnswer::Live(_) => "live",
-                    InspectAnswer::None => "none",
-                    InspectAnswer::Unknown { .. } => "unknown",
-                },
-            ),
-        };
-        *counts.entry(op).or_default().entry(answer).or_default() += 1;
+        let op = serde_json::to_value(&r.op).unwrap_or_default();
+        let name = |tag: &Value| tag.as_str().unwrap_or("?").to_owned();
+        *counts
+            .entry(name(&op["op"]))
+            .or_default()
+            .entry(name(&op["answer"]["answer"]))
+            .or_default() += 1;
     }
     let kinds: Vec<String> = counts
         .iter()
@@ -743,4 +709,75 @@ fn operations_line(records: &[Record]) -> String {
         })
         .collect();
     format!("chaos: operations: {}", kinds.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_operations_line_counts_each_kind_of_request_by_answer() {
+        let at = DateTime::from_timestamp_millis(1_800_000_000_000).unwrap();
+        let lease = Lease {
+            fence: 1,
+            acquired_at: at,
+            expires_at: at,
+        };
+        let why = || "cut".to_owned();
+        let acquire = |answer| Op::Acquire {
+            owner: "a".to_owned(),
+            ttl_seconds: 1,
+            answer,
+        };
+        let write = |answer| Op::Write {
+            owner: "a".to_owned(),
+            fence: 1,
+            answer,
+        };
+        let release = |answer| Op::Release {
+            owner: "a".to_owned(),
+            fence: 1,
+            answer,
+        };
+        let ops = vec![
+            acquire(AcquireAnswer::Acquired(lease)),
+            acquire(AcquireAnswer::Held),
+            acquire(AcquireAnswer::Unknown { why: why() }),
+            write(WriteAnswer::Applied),
+            write(WriteAnswer::Stale { current: 2 }),
+            write(WriteAnswer::Unknown { why: why() }),
+            release(ReleaseAnswer::Released),
+            release(ReleaseAnswer::Refused { status: 404 }),
+            release(ReleaseAnswer::Unknown { why: why() }),
+            Op::Inspect {
+                answer: InspectAnswer::Live(lease),
+            },
+            Op::Inspect {
+                answer: InspectAnswer::Live(lease),
+            },
+            Op::Inspect {
+                answer: InspectAnswer::None,
+            },
+            Op::Inspect {
+                answer: InspectAnswer::Unknown { why: why() },
+            },
+        ];
+        let records: Vec<Record> = ops
+            .into_iter()
+            .map(|op| Record {
+                worker: None,
+                resource: "k".to_owned(),
+                sent_us: 0,
+                received_us: 0,
+                op,
+            })
+            .collect();
+        assert_eq!(
+            operations_line(&records),
+            "chaos: operations: 3 acquire (acquired 1, held 1, unknown 1); \
+             4 inspect (live 2, none 1, unknown 1); \
+             3 release (refused 1, released 1, unknown 1); \
+             3 write (applied 1, stale 1, unknown 1)"
+        );
+    }
 }

@@ -24,7 +24,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::docs::{MAX_PAGE_LIMIT, Outcome, Page};
-use crate::openapi as api;
+use crate::wire;
 use stage::{Event, Phase, Run, Verdict};
 pub use stage::{PageOptions, Stage, Story};
 
@@ -180,7 +180,7 @@ pub struct LeaseState {
     summary = "What the page shows: the newest story runs, their write logs, documents and lease",
     responses(
         (status = 200, body = PageState, description = "The page's state"),
-        api::StateProblems,
+        wire::StateProblems,
     ),
 )]
 pub(crate) async fn state(
@@ -319,7 +319,7 @@ pub struct PlayBody {
     responses(
         (status = 202, body = Started, description = "The story has started; \
             `GET /page/state` shows it as it plays"),
-        api::PlayProblems,
+        wire::PlayProblems,
     ),
 )]
 pub(crate) async fn play(

@@ -20,14 +20,13 @@ use fencelock::client::{Client, LockInfo};
 use fencelock::domain::{FenceKey, ResourceName};
 use fencelock::guard::{FencingToken, Guard};
 use fencelock::http::ApiError;
-use fencelock_server::Application;
-use fencelock_server::Settings;
-use fencelock_server::{StoreConfig, StoreOptions};
+use fencelock_server::StoreOptions;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
 use crate::docs::{self, Guarding, Put, SharedDocs, Write};
+use crate::lease_server;
 use crate::story::{self, Desk, Narrator, Scene, Store, Takeover, WriteResult};
 
 /// The stories' lease TTL when not told otherwise: long enough to watch it count down.
@@ -295,14 +294,10 @@ impl Backstage {
         let scratch = tempfile::tempdir().context("creating a scratch directory")?;
         let lease_url = match &options.lease_url {
             Some(url) => url.trim_end_matches('/').to_owned(),
+            // It serves as long as this process does: a story may come at any time.
             None => {
-                let mut settings =
-                    Settings::for_store(StoreConfig::Sqlite(scratch.path().join("leases.db")));
-                settings.bind = "127.0.0.1:0".parse()?;
-                settings.fence_key = options.fence_key.clone();
-                let app = Application::build(settings).await?;
-                let url = format!("http://127.0.0.1:{}", app.port());
-                actix_web::rt::spawn(app.run_until_stopped());
+                let (url, _handle) =
+                    lease_server::start(scratch.path(), options.fence_key.clone()).await?;
                 url
             }
         };

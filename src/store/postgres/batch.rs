@@ -134,42 +134,16 @@ impl Batcher {
         Self { queue }
     }
 
-    pub(super) async fn acquire(
+    /// Queues `req` for the next batch and answers once that batch has committed.
+    pub(super) async fn decide<R: Batched>(
         &self,
-        req: &AcquireRequest,
+        req: &R,
         deadline: Deadline,
-    ) -> Result<AcquireOutcome, StoreError> {
-        self.ask(deadline, |reply| Op::Acquire(req.clone(), reply))
-            .await
-    }
-
-    pub(super) async fn renew(
-        &self,
-        req: &RenewRequest,
-        deadline: Deadline,
-    ) -> Result<RenewOutcome, StoreError> {
-        self.ask(deadline, |reply| Op::Renew(req.clone(), reply))
-            .await
-    }
-
-    pub(super) async fn release(
-        &self,
-        req: &ReleaseRequest,
-        deadline: Deadline,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        self.ask(deadline, |reply| Op::Release(req.clone(), reply))
-            .await
-    }
-
-    async fn ask<T>(
-        &self,
-        deadline: Deadline,
-        op: impl FnOnce(Reply<T>) -> Op,
-    ) -> Result<T, StoreError> {
+    ) -> Result<R::Outcome, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.queue
             .send(Job {
-                op: op(reply),
+                op: req.clone().queued(reply),
                 deadline,
             })
             .map_err(|_| unanswered())?;
@@ -183,7 +157,7 @@ fn unanswered() -> StoreError {
     StoreError::unavailable("the PostgreSQL store stopped before it decided the request")
 }
 
-type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+pub(super) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 /// One queued request and where its answer goes.
 struct Job {
@@ -191,38 +165,39 @@ struct Job {
     deadline: Deadline,
 }
 
-enum Op {
+/// A queued request, of one of the kinds [`Batched`] is for.
+pub(super) enum Op {
     Acquire(AcquireRequest, Reply<AcquireOutcome>),
     Renew(RenewRequest, Reply<RenewOutcome>),
     Release(ReleaseRequest, Reply<ReleaseOutcome>),
 }
 
+/// `$body` with `$req` and `$reply` bound to the request and the reply `$op` holds, whatever
+/// its kind: the kinds differ in their types, not in what is done with them.
+macro_rules! each_kind {
+    ($op:expr, $req:pat, $reply:pat => $body:expr) => {
+        match $op {
+            Op::Acquire($req, $reply) => $body,
+            Op::Renew($req, $reply) => $body,
+            Op::Release($req, $reply) => $body,
+        }
+    };
+}
+
 impl Job {
     fn resource(&self) -> &str {
-        match &self.op {
-            Op::Acquire(req, _) => req.resource.as_str(),
-            Op::Renew(req, _) => req.resource.as_str(),
-            Op::Release(req, _) => req.resource.as_str(),
-        }
+        each_kind!(&self.op, req, _ => req.resource.as_str())
     }
 
     /// Nobody waits for the answer any more: the request was answered `503` on its timeout,
     /// or its client went away. Not doing the work is then the same as never being asked.
     fn abandoned(&self) -> bool {
-        match &self.op {
-            Op::Acquire(_, reply) => reply.is_closed(),
-            Op::Renew(_, reply) => reply.is_closed(),
-            Op::Release(_, reply) => reply.is_closed(),
-        }
+        each_kind!(&self.op, _, reply => reply.is_closed())
     }
 
     fn fail(self, error: StoreError) {
         // A requester that is gone needs no answer.
-        let _ = match self.op {
-            Op::Acquire(_, reply) => reply.send(Err(error)).is_ok(),
-            Op::Renew(_, reply) => reply.send(Err(error)).is_ok(),
-            Op::Release(_, reply) => reply.send(Err(error)).is_ok(),
-        };
+        let _ = each_kind!(self.op, _, reply => reply.send(Err(error)).is_ok());
     }
 
     /// Answers from the batch's row for this request.
@@ -232,11 +207,7 @@ impl Job {
                 "fencelock_apply gave no answer for a request"
             )));
         };
-        let _ = match self.op {
-            Op::Acquire(req, reply) => reply.send(acquired(&req, row)).is_ok(),
-            Op::Renew(req, reply) => reply.send(renewed(&req, row)).is_ok(),
-            Op::Release(_, reply) => reply.send(released(row)).is_ok(),
-        };
+        let _ = each_kind!(self.op, req, reply => reply.send(req.outcome(row)).is_ok());
     }
 
     /// Decides the request by its single statement.
@@ -249,17 +220,9 @@ impl Job {
         }
         let deadline = self.deadline;
         let bound = db.statement_timeout + NO_ANSWER_GRACE;
-        let _ = match self.op {
-            Op::Acquire(req, reply) => reply
-                .send(bounded(bound, db.acquire_alone(&req, deadline)).await)
-                .is_ok(),
-            Op::Renew(req, reply) => reply
-                .send(bounded(bound, db.renew_alone(&req, deadline)).await)
-                .is_ok(),
-            Op::Release(req, reply) => reply
-                .send(bounded(bound, db.release_alone(&req, deadline)).await)
-                .is_ok(),
-        };
+        let _ = each_kind!(self.op, req, reply => reply
+            .send(bounded(bound, req.alone(db, deadline)).await)
+            .is_ok());
     }
 }
 
@@ -489,22 +452,17 @@ impl Committers {
                     "the database clock is unset"
                 )))
             })?;
-        let arrays = Arrays::of(batch);
+        let arrays = Arrays::of(
+            batch
+                .iter()
+                .map(|job| each_kind!(&job.op, req, _ => req.params())),
+        );
         let lock_wait_ms = lock_wait(db.statement_timeout);
-        let params: [&(dyn ToSql + Sync); 9] = [
-            &arrays.kinds,
-            &arrays.resources,
-            &arrays.owners,
-            &arrays.ttls,
-            &arrays.fences,
-            &arrays.tokens,
-            &until,
-            &lock_wait_ms,
-            &arrays.lock_delays,
-        ];
         let statement = client.prepare_cached(APPLY).await?;
         let sent = Instant::now();
-        let rows = client.query(&statement, &params).await?;
+        let rows = client
+            .query(&statement, &arrays.with(&until, &lock_wait_ms))
+            .await?;
         if let Some(now) = rows.first().and_then(|row| column(row, 5).ok()) {
             db.clock.sample(now, sent);
         }
@@ -553,7 +511,159 @@ fn lock_wait(statement_timeout: Duration) -> i32 {
     i32::try_from(wait.as_millis()).unwrap_or(i32::MAX)
 }
 
-/// The batch as `fencelock_apply`'s parameter arrays: element `i` of each is request `i`.
+/// A lock write the committers decide, as `fencelock_apply` sees it: its element of each
+/// of the statement's parameter arrays, and what its row of the answer says.
+pub(super) trait Batched: Clone + Send + Sync + 'static {
+    type Outcome: Send + 'static;
+
+    /// The request queued, with where its answer goes.
+    fn queued(self, reply: Reply<Self::Outcome>) -> Op;
+
+    fn params(&self) -> Params<'_>;
+
+    /// What the request's row of `fencelock_apply`'s answer says.
+    fn outcome(&self, row: &Row) -> Result<Self::Outcome, StoreError>;
+
+    /// The request decided alone, by `fencelock_apply` with this request only: the rules (and
+    /// the history they write) exist once, in SQL, for batches and single statements alike.
+    /// Its statement waits for its row lock without a bound of its own (the statement
+    /// timeout still holds), as every single statement does; its `now()` is taken as a clock
+    /// sample. (An acquisition alone has a statement of its own, see `Db::acquire_alone`.)
+    async fn alone(&self, db: &Db, deadline: Deadline) -> Result<Self::Outcome, StoreError> {
+        let until = vec![db.database_deadline(deadline).await?];
+        let client = db.client().await?;
+        let statement = client.prepare_cached(APPLY).await.map_err(classify)?;
+        let arrays = Arrays::of([self.params()]);
+        let no_lock_wait_bound = 0_i32;
+        let sent = Instant::now();
+        let row = client
+            .query_one(&statement, &arrays.with(&until, &no_lock_wait_bound))
+            .await
+            .map_err(classify)?;
+        db.clock.sample(column(&row, 5)?, sent);
+        self.outcome(&row)
+    }
+}
+
+/// One request as `fencelock_apply` takes it: its element of each parameter array.
+pub(super) struct Params<'a> {
+    kind: &'static str,
+    resource: &'a str,
+    owner: &'a str,
+    ttl: Option<i32>,
+    fence: Option<Fence>,
+    token: Option<&'a str>,
+    /// An acquisition's lock delay in milliseconds; `None` for renew and release.
+    lock_delay: Option<i32>,
+}
+
+impl Batched for AcquireRequest {
+    type Outcome = AcquireOutcome;
+
+    fn queued(self, reply: Reply<AcquireOutcome>) -> Op {
+        Op::Acquire(self, reply)
+    }
+
+    fn params(&self) -> Params<'_> {
+        Params {
+            kind: "acquire",
+            resource: self.resource.as_str(),
+            owner: self.owner.as_str(),
+            ttl: Some(super::ttl_param(self.ttl.seconds())),
+            fence: None,
+            token: self.token.as_ref().map(|t| t.name.as_str()),
+            lock_delay: Some(super::lock_delay_param(self)),
+        }
+    }
+
+    fn outcome(&self, row: &Row) -> Result<AcquireOutcome, StoreError> {
+        Ok(match column::<&str>(row, 1)? {
+            "held" => super::held(column(row, 4)?, column(row, 5)?),
+            "too_late" => return Err(StoreError::too_late()),
+            how => AcquireOutcome::Acquired {
+                how: acquisition(how)?,
+                lease: lease(&self.resource, &self.owner, row)?,
+            },
+        })
+    }
+
+    async fn alone(&self, db: &Db, deadline: Deadline) -> Result<AcquireOutcome, StoreError> {
+        db.acquire_alone(self, deadline).await
+    }
+}
+
+impl Batched for RenewRequest {
+    type Outcome = RenewOutcome;
+
+    fn queued(self, reply: Reply<RenewOutcome>) -> Op {
+        Op::Renew(self, reply)
+    }
+
+    fn params(&self) -> Params<'_> {
+        Params {
+            kind: "renew",
+            resource: self.resource.as_str(),
+            owner: self.owner.as_str(),
+            ttl: Some(super::ttl_param(self.ttl.seconds())),
+            fence: self.fence,
+            token: None,
+            lock_delay: None,
+        }
+    }
+
+    fn outcome(&self, row: &Row) -> Result<RenewOutcome, StoreError> {
+        Ok(match column::<&str>(row, 1)? {
+            "renewed" => RenewOutcome::Renewed(lease(&self.resource, &self.owner, row)?),
+            "not_found" => RenewOutcome::NotFound,
+            "expired" => RenewOutcome::Expired,
+            "owner_mismatch" => RenewOutcome::OwnerMismatch,
+            "stale_fence" => RenewOutcome::StaleFence {
+                current: fence_at(row, 2)?,
+            },
+            "too_late" => return Err(StoreError::too_late()),
+            other => return Err(unknown(other)),
+        })
+    }
+}
+
+impl Batched for ReleaseRequest {
+    type Outcome = ReleaseOutcome;
+
+    fn queued(self, reply: Reply<ReleaseOutcome>) -> Op {
+        Op::Release(self, reply)
+    }
+
+    fn params(&self) -> Params<'_> {
+        Params {
+            kind: "release",
+            resource: self.resource.as_str(),
+            owner: self.owner.as_str(),
+            ttl: None,
+            fence: self.fence,
+            token: None,
+            lock_delay: None,
+        }
+    }
+
+    fn outcome(&self, row: &Row) -> Result<ReleaseOutcome, StoreError> {
+        Ok(match column::<&str>(row, 1)? {
+            "released" => ReleaseOutcome::Released {
+                fence: fence_at(row, 2)?,
+                acquired_at: column(row, 3)?,
+                released_at: column(row, 5)?,
+            },
+            "not_found" => ReleaseOutcome::NotFound,
+            "not_owner" => ReleaseOutcome::NotOwner,
+            "stale_fence" => ReleaseOutcome::StaleFence {
+                current: fence_at(row, 2)?,
+            },
+            "too_late" => return Err(StoreError::too_late()),
+            other => return Err(unknown(other)),
+        })
+    }
+}
+
+/// Requests as `fencelock_apply`'s parameter arrays: element `i` of each is request `i`.
 struct Arrays<'a> {
     kinds: Vec<&'static str>,
     resources: Vec<&'a str>,
@@ -561,98 +671,52 @@ struct Arrays<'a> {
     ttls: Vec<Option<i32>>,
     fences: Vec<Option<i64>>,
     tokens: Vec<Option<&'a str>>,
-    /// An acquisition's lock delay in milliseconds; `None` for renew and release.
     lock_delays: Vec<Option<i32>>,
 }
 
 impl<'a> Arrays<'a> {
-    fn of(batch: &'a [Job]) -> Self {
+    fn of(requests: impl IntoIterator<Item = Params<'a>>) -> Self {
+        let requests = requests.into_iter();
+        let n = requests.size_hint().0;
         let mut arrays = Self {
-            kinds: Vec::with_capacity(batch.len()),
-            resources: Vec::with_capacity(batch.len()),
-            owners: Vec::with_capacity(batch.len()),
-            ttls: Vec::with_capacity(batch.len()),
-            fences: Vec::with_capacity(batch.len()),
-            tokens: Vec::with_capacity(batch.len()),
-            lock_delays: Vec::with_capacity(batch.len()),
+            kinds: Vec::with_capacity(n),
+            resources: Vec::with_capacity(n),
+            owners: Vec::with_capacity(n),
+            ttls: Vec::with_capacity(n),
+            fences: Vec::with_capacity(n),
+            tokens: Vec::with_capacity(n),
+            lock_delays: Vec::with_capacity(n),
         };
-        for job in batch {
-            let (kind, owner, ttl, fence, token) = match &job.op {
-                Op::Acquire(req, _) => (
-                    "acquire",
-                    &req.owner,
-                    Some(req.ttl.seconds()),
-                    None,
-                    req.token.as_ref().map(|t| t.name.as_str()),
-                ),
-                Op::Renew(req, _) => (
-                    "renew",
-                    &req.owner,
-                    Some(req.ttl.seconds()),
-                    req.fence,
-                    None,
-                ),
-                Op::Release(req, _) => ("release", &req.owner, None, req.fence, None),
-            };
-            arrays.kinds.push(kind);
-            arrays.resources.push(job.resource());
-            arrays.owners.push(owner.as_str());
-            arrays.ttls.push(ttl.map(super::ttl_param));
-            arrays.fences.push(fence.map(Fence::get));
-            arrays.tokens.push(token);
-            arrays.lock_delays.push(match &job.op {
-                Op::Acquire(req, _) => Some(super::lock_delay_param(req)),
-                Op::Renew(..) | Op::Release(..) => None,
-            });
+        for request in requests {
+            arrays.kinds.push(request.kind);
+            arrays.resources.push(request.resource);
+            arrays.owners.push(request.owner);
+            arrays.ttls.push(request.ttl);
+            arrays.fences.push(request.fence.map(Fence::get));
+            arrays.tokens.push(request.token);
+            arrays.lock_delays.push(request.lock_delay);
         }
         arrays
     }
-}
 
-/// One renewal or release decided alone by `fencelock_apply` (see `Db::renew_alone`): the
-/// same rules and history as in a batch, one statement of its own, which waits for its row
-/// lock without a bound of its own (the statement timeout still holds), as every single
-/// statement does.
-pub(super) struct Single<'a> {
-    pub kind: &'static str,
-    pub resource: &'a ResourceName,
-    pub owner: &'a Owner,
-    pub ttl: Option<i32>,
-    pub fence: Option<Fence>,
-}
-
-impl Single<'_> {
-    /// The request's row of the answer; its `now()` is taken as a clock sample.
-    pub(super) async fn apply(&self, db: &Db, deadline: Deadline) -> Result<Row, StoreError> {
-        let until = vec![db.database_deadline(deadline).await?];
-        let client = db.client().await?;
-        let statement = client.prepare_cached(APPLY).await.map_err(classify)?;
-        let (kinds, resources, owners) = (
-            vec![self.kind],
-            vec![self.resource.as_str()],
-            vec![self.owner.as_str()],
-        );
-        let (ttls, fences) = (vec![self.ttl], vec![self.fence.map(Fence::get)]);
-        let (tokens, lock_delays) = (vec![None::<&str>], vec![None::<i32>]);
-        let no_lock_wait_bound = 0_i32;
-        let params: [&(dyn ToSql + Sync); 9] = [
-            &kinds,
-            &resources,
-            &owners,
-            &ttls,
-            &fences,
-            &tokens,
-            &until,
-            &no_lock_wait_bound,
-            &lock_delays,
-        ];
-        let sent = Instant::now();
-        let row = client
-            .query_one(&statement, &params)
-            .await
-            .map_err(classify)?;
-        db.clock.sample(column(&row, 5)?, sent);
-        Ok(row)
+    /// The statement's parameters: these arrays, each request's deadline on the database's
+    /// clock (`until`), and the longest wait for one row lock (`lock_wait_ms`, 0: unbounded).
+    fn with<'p>(
+        &'p self,
+        until: &'p Vec<DateTime<Utc>>,
+        lock_wait_ms: &'p i32,
+    ) -> [&'p (dyn ToSql + Sync); 9] {
+        [
+            &self.kinds,
+            &self.resources,
+            &self.owners,
+            &self.ttls,
+            &self.fences,
+            &self.tokens,
+            until,
+            lock_wait_ms,
+            &self.lock_delays,
+        ]
     }
 }
 
@@ -684,48 +748,6 @@ fn unknown(outcome: &str) -> StoreError {
     StoreError::Internal(anyhow::anyhow!(
         "fencelock_apply answered an unknown outcome {outcome:?}"
     ))
-}
-
-fn acquired(req: &AcquireRequest, row: &Row) -> Result<AcquireOutcome, StoreError> {
-    Ok(match column::<&str>(row, 1)? {
-        "held" => super::held(column(row, 4)?, column(row, 5)?),
-        "too_late" => return Err(StoreError::too_late()),
-        how => AcquireOutcome::Acquired {
-            how: acquisition(how)?,
-            lease: lease(&req.resource, &req.owner, row)?,
-        },
-    })
-}
-
-pub(super) fn renewed(req: &RenewRequest, row: &Row) -> Result<RenewOutcome, StoreError> {
-    Ok(match column::<&str>(row, 1)? {
-        "renewed" => RenewOutcome::Renewed(lease(&req.resource, &req.owner, row)?),
-        "not_found" => RenewOutcome::NotFound,
-        "expired" => RenewOutcome::Expired,
-        "owner_mismatch" => RenewOutcome::OwnerMismatch,
-        "stale_fence" => RenewOutcome::StaleFence {
-            current: fence_at(row, 2)?,
-        },
-        "too_late" => return Err(StoreError::too_late()),
-        other => return Err(unknown(other)),
-    })
-}
-
-pub(super) fn released(row: &Row) -> Result<ReleaseOutcome, StoreError> {
-    Ok(match column::<&str>(row, 1)? {
-        "released" => ReleaseOutcome::Released {
-            fence: fence_at(row, 2)?,
-            acquired_at: column(row, 3)?,
-            released_at: column(row, 5)?,
-        },
-        "not_found" => ReleaseOutcome::NotFound,
-        "not_owner" => ReleaseOutcome::NotOwner,
-        "stale_fence" => ReleaseOutcome::StaleFence {
-            current: fence_at(row, 2)?,
-        },
-        "too_late" => return Err(StoreError::too_late()),
-        other => return Err(unknown(other)),
-    })
 }
 
 #[cfg(test)]

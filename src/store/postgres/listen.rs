@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use tokio_postgres::AsyncMessage;
 
 use super::{DRIVERS, PgConfig};
-use crate::store::Changes;
+use crate::wake::Changes;
 
 /// The channel the migration's trigger announces on.
 const CHANNEL: &str = "fencelock_changes";

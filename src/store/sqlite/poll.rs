@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use rusqlite::{Connection, OpenFlags};
 
-use crate::store::Changes;
+use crate::wake::Changes;
 
 /// Between two looks at the file: the delay a change by another process may take to wake a
 /// waiter here (well inside the 100 ms the contract gives a hand-over).

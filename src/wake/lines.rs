@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::store::Seen;
+use super::seen::Seen;
 use fencelock::domain::{Lease, ResourceName, Ticket, time_left_ms};
 
 /// This process's waiters, per resource, by ticket. A std mutex: held for a map operation
@@ -174,8 +174,13 @@ mod tests {
         assert!(lines.lock().is_empty(), "the registry holds only waiters");
     }
 
+    /// Three waiters of `a`, joined in ticket order.
+    fn three_waiters(lines: &Arc<Lines>) -> [Place; 3] {
+        [1, 2, 3].map(|ticket| lines.join(&name("a"), Ticket::new(ticket)))
+    }
+
     fn handoff() -> Handoff {
-        let changes = crate::store::Changes::new();
+        let changes = crate::wake::Changes::new();
         Handoff {
             seen: changes.subscribe(&name("a")).mark_seen(),
             held_until: std::time::Instant::now(),
@@ -185,9 +190,7 @@ mod tests {
     #[test]
     fn a_handoff_goes_to_the_next_first_waiter_once() {
         let lines = Arc::new(Lines::default());
-        let first = lines.join(&name("a"), Ticket::new(1));
-        let second = lines.join(&name("a"), Ticket::new(2));
-        let third = lines.join(&name("a"), Ticket::new(3));
+        let [first, second, third] = three_waiters(&lines);
         first.leave_granted(handoff());
         assert!(third.take_handoff().is_none(), "not first");
         assert!(second.take_handoff().is_some());
@@ -197,9 +200,7 @@ mod tests {
     #[test]
     fn a_first_waiter_leaving_without_the_lease_drops_the_handoff() {
         let lines = Arc::new(Lines::default());
-        let first = lines.join(&name("a"), Ticket::new(1));
-        let second = lines.join(&name("a"), Ticket::new(2));
-        let third = lines.join(&name("a"), Ticket::new(3));
+        let [first, second, third] = three_waiters(&lines);
         first.leave_granted(handoff());
         drop(second);
         assert!(third.take_handoff().is_none(), "stale");
@@ -208,9 +209,7 @@ mod tests {
     #[tokio::test]
     async fn leaving_from_behind_wakes_nobody() {
         let lines = Arc::new(Lines::default());
-        let first = lines.join(&name("a"), Ticket::new(1));
-        let second = lines.join(&name("a"), Ticket::new(2));
-        let third = lines.join(&name("a"), Ticket::new(3));
+        let [first, second, third] = three_waiters(&lines);
         drop(second);
         assert!(first.is_first() && !third.is_first());
         assert!(

@@ -7,14 +7,24 @@
 //! wake-up costs one read and a missed one is covered by the subscriber's own timer (the
 //! lease's expiry, its wait deadline). When the announcements may have been missed (a
 //! reconnect), everyone is woken.
+//!
+//! Here: the registry ([`Changes`], and a subscriber's [`Subscription`]), and what a store's
+//! watch hands back ([`Watching`], [`Registration`]). Beside it: [`lines`], the waiters of
+//! this process in ticket order, and [`seen`], how far a look at the store accounts for
+//! (made by a subscription, passed on along a line). It knows no store: the stores, the
+//! waiting loop and the watch route stand on it.
+
+mod lines;
+mod seen;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::watch;
 
-use crate::waiting::Lines;
 use fencelock::domain::ResourceName;
+pub(crate) use lines::{Handoff, Lines};
+pub(crate) use seen::Seen;
 
 /// Who waits on which resource in this process.
 #[derive(Default)]
@@ -24,8 +34,8 @@ pub struct Changes {
     /// held for a map lookup only, never across an `.await`.
     resources: Mutex<HashMap<String, Entry>>,
     /// The waiters of this process in ticket order, so that only the first of a resource
-    /// listens here (see [`crate::waiting::Lines`]). Kept with the store's wake registry
-    /// because tickets are the store's: two stores in one process have lines of their own.
+    /// listens here (see [`Lines`]). Kept with the store's wake registry because tickets
+    /// are the store's: two stores in one process have lines of their own.
     lines: Arc<Lines>,
 }
 
@@ -101,12 +111,6 @@ pub struct Subscription {
     /// The announcements accounted for.
     seen: u64,
 }
-
-/// How far a look at the store accounts for a resource's announcements: a look made after
-/// [`Subscription::mark_seen`] returned it reflects every change announced up to there. Valid
-/// for the subscriptions of the resource that are alive at the same time.
-#[derive(Clone, Copy, Debug)]
-pub struct Seen(u64);
 
 impl Subscription {
     /// Everything announced so far has been seen: the caller is about to look at the store.

@@ -1,44 +1,14 @@
-//! `GET /openapi.json`: the demo store's OpenAPI 3.1 document, generated from the code like
-//! the lease server's (see `fencelock::http::openapi`).
+//! The demo store's wire vocabulary for its OpenAPI document (assembled in [`crate::app`],
+//! like the lease server's, see `fencelock::http::openapi`): the shapes of the paths,
+//! headers, queries and answers its handlers read and write field by field, and the problem
+//! answers of each operation. Below the handlers of [`crate::app`] and [`crate::page`], which
+//! name these in their `#[utoipa::path]`.
 
 use fencelock::http::ApiError;
-use fencelock::http::openapi::{
-    ResourceNameSchema, body_refusals, finish, invalid_input, store_failures,
-};
+use fencelock::http::openapi::{ResourceNameSchema, body_refusals, invalid_input, store_failures};
 use serde_json::Value;
-use utoipa::OpenApi;
 
-use crate::app;
 use crate::docs::Outcome;
-use crate::page::{self, stage};
-
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "fencelock demo store",
-        description = "A small protected store whose writes pass the fencelock write guard: \
-            each write carries the fence of its lease in `Fencing-Token`, and a write with a \
-            fence below the highest accepted for its key is refused (`409 stale-fence`).",
-        license(name = "MIT OR Apache-2.0", identifier = "MIT OR Apache-2.0"),
-    ),
-    paths(app::put_doc, app::get_doc, app::list_writes, page::state, page::play),
-    components(schemas(
-        Applied, Document, WritesPage, WriteRecord, Outcome,
-        page::PageState, page::RunState, page::Mark, page::DocumentState, page::LeaseState,
-        page::Started, page::PlayBody, page::Story, stage::Verdict, stage::VerdictKind,
-        stage::Event, stage::Phase,
-    )),
-    tags(
-        (name = "docs", description = "Documents and their write log"),
-        (name = "page", description = "The paused-worker page's state, and its buttons"),
-    ),
-)]
-struct DemoStoreApi;
-
-/// The whole document.
-pub fn document() -> Value {
-    finish(DemoStoreApi::openapi())
-}
 
 /// The `{key}` path parameter: the lock resource that protects the document.
 #[derive(utoipa::IntoParams)]
