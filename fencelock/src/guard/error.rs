@@ -1,14 +1,11 @@
 //! The guard's one error type, and its problem response.
 
 use actix_web::http::StatusCode;
-use actix_web::http::header;
 use actix_web::{HttpResponse, ResponseError};
-use serde::Serialize;
 
 use crate::StoreError;
 use crate::domain::Fence;
 use crate::http::ApiError;
-use crate::http::problem::PROBLEM_JSON;
 
 /// Why the guard refused a write, or could not decide. Nothing was written in any case.
 ///
@@ -39,98 +36,61 @@ pub enum GuardError {
     Store(#[from] StoreError),
 }
 
-/// Seconds a writer should wait before retrying when the guard's store is unavailable.
-const RETRY_AFTER_SECONDS: &str = "1";
-
 impl GuardError {
     /// The HTTP status of this refusal.
     pub fn status(&self) -> StatusCode {
-        match self {
-            Self::TokenRequired(_) => StatusCode::PRECONDITION_REQUIRED,
-            Self::NotAToken(_) => StatusCode::BAD_REQUEST,
-            Self::InvalidToken(_) => StatusCode::FORBIDDEN,
-            Self::Stale { .. } => StatusCode::CONFLICT,
-            Self::Store(StoreError::Internal(_)) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
-        }
+        self.answer().status_and_type().0
     }
 
     /// The problem type's slug (API.md, *Errors*).
     pub fn kind(&self) -> &'static str {
-        match self {
-            Self::TokenRequired(_) => "fencing-token-required",
-            Self::NotAToken(_) => "malformed-request",
-            Self::InvalidToken(_) => "invalid-fence-token",
-            Self::Stale { .. } => "stale-fence",
-            Self::Store(StoreError::Internal(_)) => "internal",
-            Self::Store(_) => "store-unavailable",
-        }
+        self.answer().status_and_type().1
     }
 
-    /// The detail shown to the writer: a store failure's cause stays in the log.
-    fn detail(&self) -> String {
+    /// The toolkit's error this refusal answers as. A store failure's cause stays in the log:
+    /// the answer carries none (the conversion into an [`ApiError`] keeps it).
+    fn answer(&self) -> ApiError {
         match self {
-            Self::Store(StoreError::Internal(_)) => "internal error".to_owned(),
-            Self::Store(_) => "the guard's store is unavailable; retry shortly".to_owned(),
-            other => other.to_string(),
+            Self::TokenRequired(detail) => ApiError::FencingTokenRequired(detail.clone()),
+            Self::NotAToken(detail) => ApiError::Malformed(detail.clone()),
+            Self::InvalidToken(detail) => ApiError::InvalidFenceToken(detail.clone()),
+            Self::Stale { current, .. } => ApiError::StaleFence {
+                detail: self.to_string(),
+                current_fence: Some(*current),
+            },
+            Self::Store(StoreError::Internal(_)) => {
+                ApiError::Internal(anyhow::anyhow!("the guard's store failed"))
+            }
+            Self::Store(_) => {
+                ApiError::StoreUnavailable(anyhow::anyhow!("the guard's store is unavailable"))
+            }
         }
     }
 }
 
-#[derive(Serialize)]
-struct Problem<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    title: &'static str,
-    status: u16,
-    detail: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    current_fence: Option<Fence>,
-}
-
+/// The toolkit's head and problem document, without the `instance` and `request_id` that
+/// `fencelock::http::observe` adds where it runs.
 impl ResponseError for GuardError {
     fn status_code(&self) -> StatusCode {
         self.status()
     }
 
     fn error_response(&self) -> HttpResponse {
-        let status = self.status();
         if let Self::Store(cause) = self {
             tracing::warn!(error = %cause, "the guard could not decide a write");
         }
-        let current_fence = match self {
-            Self::Stale { current, .. } => Some(*current),
-            _ => None,
-        };
-        let body = Problem {
-            kind: self.kind(),
-            title: status.canonical_reason().unwrap_or("Error"),
-            status: status.as_u16(),
-            detail: &self.detail(),
-            current_fence,
-        };
-        let mut response = HttpResponse::build(status);
-        response.insert_header((header::CONTENT_TYPE, PROBLEM_JSON));
-        if matches!(self, Self::Store(e) if !matches!(e, StoreError::Internal(_))) {
-            response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECONDS));
-        }
-        response.body(serde_json::to_vec(&body).expect("a problem document serialises"))
+        self.answer().response_without_request()
     }
 }
 
 /// For services that render their errors through the HTTP toolkit (which adds `instance`
-/// and `request_id` to every problem).
+/// and `request_id` to every problem). A store failure keeps its cause, for the toolkit's
+/// log.
 impl From<GuardError> for ApiError {
     fn from(e: GuardError) -> Self {
         match e {
-            GuardError::TokenRequired(detail) => Self::FencingTokenRequired(detail),
-            GuardError::NotAToken(detail) => Self::Malformed(detail),
-            GuardError::InvalidToken(detail) => Self::InvalidFenceToken(detail),
-            stale @ GuardError::Stale { current, .. } => Self::StaleFence {
-                detail: stale.to_string(),
-                current_fence: Some(current),
-            },
             GuardError::Store(e) => e.into(),
+            refusal => refusal.answer(),
         }
     }
 }
@@ -175,6 +135,20 @@ mod tests {
         ))));
         assert_eq!((status.as_u16(), &body["type"]), (500, &"internal".into()));
         assert!(!body.to_string().contains("secret"));
+    }
+
+    #[test]
+    fn only_an_unavailable_store_asks_for_a_retry() {
+        let retry_after = |error: GuardError| {
+            let response = error.error_response();
+            let value = response.headers().get(actix_web::http::header::RETRY_AFTER);
+            value.map(|v| v.to_str().unwrap().to_owned())
+        };
+        let unavailable = GuardError::Store(StoreError::unavailable("down"));
+        assert_eq!(retry_after(unavailable).as_deref(), Some("1"));
+        let internal = GuardError::Store(StoreError::Internal(anyhow::anyhow!("bug")));
+        assert_eq!(retry_after(internal), None);
+        assert_eq!(retry_after(GuardError::NotAToken("x".to_owned())), None);
     }
 
     #[test]

@@ -154,11 +154,27 @@ impl ApiError {
 
     /// The problem document for request `request_id` to `instance`, as JSON.
     pub fn problem_json(&self, instance: &str, request_id: &str) -> Vec<u8> {
-        serde_json::to_vec(&self.problem(instance, request_id))
+        serde_json::to_vec(&self.problem(Some(instance), Some(request_id)))
             .expect("a problem document serialises")
     }
 
-    fn problem<'a>(&'a self, instance: &'a str, request_id: &'a str) -> Problem<'a> {
+    /// The whole answer, for an error rendered away from the middleware (the guard's
+    /// `GuardError`): the head and a problem document without `instance` and `request_id`,
+    /// which the middleware adds where it runs.
+    #[cfg(feature = "guard")]
+    pub(crate) fn response_without_request(&self) -> HttpResponse {
+        let document =
+            serde_json::to_vec(&self.problem(None, None)).expect("a problem document serialises");
+        self.response_head()
+            .set_body(document)
+            .map_into_boxed_body()
+    }
+
+    fn problem<'a>(
+        &'a self,
+        instance: Option<&'a str>,
+        request_id: Option<&'a str>,
+    ) -> Problem<'a> {
         let (status, kind) = self.status_and_type();
         let mut body = Problem {
             kind,
@@ -258,8 +274,10 @@ struct Problem<'a> {
     title: &'static str,
     status: u16,
     detail: String,
-    instance: &'a str,
-    request_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instance: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     errors: Option<&'a [FieldError]>,
     #[serde(skip_serializing_if = "Option::is_none")]
