@@ -7,12 +7,13 @@
 //! its waiters into a store transaction of which all but one were bound to lose (a thundering
 //! herd that made waiting slower than polling).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::by_resource::ByResource;
 use super::seen::Seen;
 use fencelock::domain::{Lease, ResourceName, Ticket, time_left_ms};
 
@@ -20,7 +21,7 @@ use fencelock::domain::{Lease, ResourceName, Ticket, time_left_ms};
 /// only, never across an `.await`.
 #[derive(Default)]
 pub struct Lines {
-    resources: Mutex<HashMap<String, Line>>,
+    resources: ByResource<Line>,
 }
 
 #[derive(Default)]
@@ -57,7 +58,8 @@ impl Lines {
     /// the place leaves the line and wakes whoever comes first then.
     pub fn join(self: &Arc<Self>, resource: &ResourceName, ticket: Ticket) -> Place {
         let turn = Arc::new(Notify::new());
-        self.lock()
+        self.resources
+            .lock()
             .entry(resource.as_str().to_owned())
             .or_default()
             .waiters
@@ -69,12 +71,6 @@ impl Lines {
             turn,
             handoff: None,
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Line>> {
-        self.resources
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -94,6 +90,7 @@ impl Place {
     /// Whether this waiter has the smallest ticket of its resource in this process.
     pub fn is_first(&self) -> bool {
         self.lines
+            .resources
             .lock()
             .get(&self.resource)
             .and_then(|line| line.waiters.keys().next())
@@ -108,7 +105,7 @@ impl Place {
     /// What the waiter before this one left, if it left with the lease; once, and only for
     /// the first waiter.
     pub fn take_handoff(&self) -> Option<Handoff> {
-        let mut resources = self.lines.lock();
+        let mut resources = self.lines.resources.lock();
         let line = resources.get_mut(&self.resource)?;
         if line.waiters.keys().next() != Some(&self.ticket) {
             return None;
@@ -126,7 +123,7 @@ impl Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        let mut resources = self.lines.lock();
+        let mut resources = self.lines.resources.lock();
         let Some(line) = resources.get_mut(&self.resource) else {
             return;
         };
@@ -171,7 +168,10 @@ mod tests {
             .expect("woken when the one before left");
         drop(late);
         drop(other);
-        assert!(lines.lock().is_empty(), "the registry holds only waiters");
+        assert!(
+            lines.resources.lock().is_empty(),
+            "the registry holds only waiters"
+        );
     }
 
     /// Three waiters of `a`, joined in ticket order.

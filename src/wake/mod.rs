@@ -14,14 +14,15 @@
 //! (made by a subscription, passed on along a line). It knows no store: the stores, the
 //! waiting loop and the watch route stand on it.
 
+mod by_resource;
 mod lines;
 mod seen;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use by_resource::ByResource;
 use fencelock::domain::ResourceName;
 pub(crate) use lines::{Handoff, Lines};
 pub(crate) use seen::Seen;
@@ -32,7 +33,7 @@ pub struct Changes {
     /// One channel per resource someone subscribes to, with the count of its subscribers;
     /// removed with the last one, so the map holds only what is waited on now. A std mutex:
     /// held for a map lookup only, never across an `.await`.
-    resources: Mutex<HashMap<String, Entry>>,
+    resources: ByResource<Entry>,
     /// The waiters of this process in ticket order, so that only the first of a resource
     /// listens here (see [`Lines`]). Kept with the store's wake registry because tickets
     /// are the store's: two stores in one process have lines of their own.
@@ -54,7 +55,7 @@ impl Changes {
     /// each look at the store: a change announced after it ends the next
     /// [`Subscription::changed`], so none falls between the look and the wait.
     pub fn subscribe(self: &Arc<Self>, resource: &ResourceName) -> Subscription {
-        let mut resources = self.lock();
+        let mut resources = self.resources.lock();
         let entry = resources
             .entry(resource.as_str().to_owned())
             .or_insert_with(|| Entry {
@@ -74,14 +75,14 @@ impl Changes {
 
     /// `resource` may have changed: its subscribers look again.
     pub fn changed(&self, resource: &str) {
-        if let Some(entry) = self.lock().get(resource) {
+        if let Some(entry) = self.resources.lock().get(resource) {
             entry.wake.send_modify(|count| *count += 1);
         }
     }
 
     /// Anything may have changed (announcements may have been lost): everyone looks again.
     pub fn all_changed(&self) {
-        for entry in self.lock().values() {
+        for entry in self.resources.lock().values() {
             entry.wake.send_modify(|count| *count += 1);
         }
     }
@@ -93,13 +94,7 @@ impl Changes {
 
     /// The resources someone waits on now.
     pub fn watched(&self) -> Vec<String> {
-        self.lock().keys().cloned().collect()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.resources
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.resources.lock().keys().cloned().collect()
     }
 }
 
@@ -138,7 +133,7 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut resources = self.changes.lock();
+        let mut resources = self.changes.resources.lock();
         if let Some(entry) = resources.get_mut(&self.resource) {
             entry.subscribers -= 1;
             if entry.subscribers == 0 {
