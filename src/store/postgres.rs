@@ -422,6 +422,23 @@ impl Db {
         client.query_opt(&statement, params).await.map_err(classify)
     }
 
+    /// One batch of a purge: `sql` (`PURGE` or `PURGE_HISTORY`) deletes at most `limit` rows
+    /// that ended more than `age` ago. Returns how many it deleted.
+    async fn purge(
+        client: &deadpool_postgres::Object,
+        sql: &str,
+        age: Duration,
+        limit: u64,
+    ) -> Result<u64, StoreError> {
+        let age_ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let statement = client.prepare_cached(sql).await.map_err(classify)?;
+        client
+            .execute(&statement, &[&age_ms, &limit])
+            .await
+            .map_err(classify)
+    }
+
     /// `deadline` on the database's clock, reading that clock first if it was never read.
     async fn database_deadline(&self, deadline: Deadline) -> Result<DateTime<Utc>, StoreError> {
         if let Some(at) = self.clock.database_time(deadline) {
@@ -789,19 +806,13 @@ impl LeaseStore for PgStore {
     }
 
     async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError> {
-        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let client = self.db.client().await?;
         client.execute(PURGE_WAITERS, &[]).await.map_err(classify)?;
         client
             .execute(PURGE_WATCHERS, &[])
             .await
             .map_err(classify)?;
-        let statement = client.prepare_cached(PURGE).await.map_err(classify)?;
-        client
-            .execute(&statement, &[&grace_ms, &limit])
-            .await
-            .map_err(classify)
+        Db::purge(&client, PURGE, grace, limit).await
     }
 
     async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory, StoreError> {
@@ -832,17 +843,8 @@ impl LeaseStore for PgStore {
         retention: Duration,
         limit: u64,
     ) -> Result<u64, StoreError> {
-        let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let client = self.db.client().await?;
-        let statement = client
-            .prepare_cached(PURGE_HISTORY)
-            .await
-            .map_err(classify)?;
-        client
-            .execute(&statement, &[&retention_ms, &limit])
-            .await
-            .map_err(classify)
+        Db::purge(&client, PURGE_HISTORY, retention, limit).await
     }
 
     async fn count_live(&self) -> Result<u64, StoreError> {
