@@ -27,6 +27,7 @@
 //!   ([`RawResponse`], [`assert_raw_problem`]).
 //! - `exposition`: [`Exposition`], a `GET /metrics` answer parsed into samples, looked up by
 //!   name and labels; [`TestApp::metrics`] fetches one.
+//! - [`curl`]: the documentation's `curl` commands, played against a fresh service.
 //! - [`openapi`]: checks of a service's OpenAPI document against the live service.
 //! - `cluster`: [`PrivateCluster`], a PostgreSQL cluster of the test's own (from the
 //!   installed server binaries, on a free port) whose TLS rules ([`ClusterTls`]) the shared
@@ -37,6 +38,7 @@
 //! - `wait`: [`eventually`], a bounded wait for what happens on its own time.
 
 mod cluster;
+pub mod curl;
 mod exposition;
 pub mod openapi;
 mod output;

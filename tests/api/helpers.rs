@@ -1,5 +1,9 @@
 pub use fencelock_testkit::*;
 
+/// Values that are no JSON integer, whatever the field's bounds (API.md, *Input rules*): a
+/// string, a float, a bool, an exponent, a number beyond any range, an array, an object.
+pub const NOT_INTEGERS: [&str; 7] = ["\"5\"", "5.0", "true", "1e2", "1e400", "[]", "{}"];
+
 /// The status of a renew by `owner` for [`TTL`] seconds.
 pub async fn renew_status(app: &TestApp, resource: &str, owner: &str) -> u16 {
     app.renew(

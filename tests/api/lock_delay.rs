@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, Response};
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestApp, assert_invalid, assert_problem, fence};
+use crate::helpers::{
+    NOT_INTEGERS, StoreKind, TTL, TestApp, assert_invalid, assert_problem, fence,
+};
 
 async fn acquire_with(app: &TestApp, resource: &str, body: Value) -> Response {
     app.json(Method::POST, &format!("/locks/{resource}"), &body)
@@ -127,17 +129,10 @@ async fn another_owner_gets_it_only_after_expiry_plus_delay(kind: StoreKind) {
 /// acquire takes it.
 async fn lock_delay_is_validated(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
-    for bad in [
-        "-1",
-        "60001",
-        "1e400",
-        "\"5\"",
-        "5.0",
-        "true",
-        "1e2",
-        "9223372036854775807",
-        "[]",
-    ] {
+    for bad in ["-1", "60001", "9223372036854775807"]
+        .into_iter()
+        .chain(NOT_INTEGERS)
+    {
         let body = format!(r#"{{"owner": "a", "ttl_seconds": 5, "lock_delay_ms": {bad}}}"#);
         let response = app.json_text(Method::POST, "/locks/v", body).await;
         assert_invalid(response, &["lock_delay_ms"], bad).await;

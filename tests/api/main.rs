@@ -15,7 +15,6 @@ mod client;
 mod cluster_tls;
 mod concurrency;
 mod connections;
-mod curl;
 mod decisions;
 mod errors;
 mod group_commit;

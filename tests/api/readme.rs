@@ -7,10 +7,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use reqwest::Method;
-
-use crate::curl;
-use crate::helpers::{StoreKind, TestApp};
+use crate::helpers::{StoreKind, TestApp, curl};
 
 /// The lease server's port in the documentation's commands.
 const LEASE_PORT: u16 = 8080;
@@ -81,45 +78,16 @@ fn blocks(markdown: &str, lang: &str) -> Vec<String> {
 /// Plays the lease server's commands of `page` in order against a fresh SQLite server.
 async fn play(page: &str, at_least: usize) {
     let markdown = read(&root().join(page));
-    let commands = curl::commands(&markdown, LEASE_PORT);
-    assert!(commands.len() >= at_least, "{page}: {commands:#?}");
     let app = TestApp::spawn(StoreKind::Sqlite).await;
-    for command in commands {
-        let method: Method = command.method.parse().expect("an HTTP method");
-        let mut request = app.client.request(method, app.url(&command.path));
-        for (name, value) in &command.headers {
-            request = request.header(name, value);
-        }
-        if let Some(body) = &command.body {
-            request = request.body(body.clone());
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        let text = response.text().await.unwrap();
-        match command.expected {
-            Some(expected) => assert_eq!(
-                status.as_u16(),
-                expected,
-                "{page}: `{}` answered {text}",
-                command.line
-            ),
-            None => assert!(
-                status.is_success(),
-                "{page}: `{}` answered {status}: {text}",
-                command.line
-            ),
-        }
+    curl::play(page, &markdown, LEASE_PORT, &app.address, at_least).await;
+}
+
+/// The front page's examples and the API reference's, each page's on a server of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_and_api_reference_examples_work_on_a_fresh_server() {
+    for (page, at_least) in [("README.md", 5), ("docs/api.md", 12)] {
+        play(page, at_least).await;
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readme_examples_work_on_a_fresh_server() {
-    play("README.md", 5).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn api_reference_examples_work_on_a_fresh_server() {
-    play("docs/api.md", 12).await;
 }
 
 #[test]
@@ -518,12 +486,7 @@ fn operations_lists_every_setting_and_metric() {
         .filter(|word| word.starts_with("--") && !["--help", "--version"].contains(word))
         .collect();
     assert!(flags.len() >= 19, "{flags:?} in\n{help}");
-    for flag in flags {
-        assert!(
-            operations.contains(&format!("\n| `{flag}` |")),
-            "the settings table of docs/operations.md has no row for {flag}"
-        );
-    }
+    assert_rows(&operations, "settings", flags);
     let metrics = read(&root().join("fencelock/src/metrics.rs"));
     // The rows of the `families!` table: `NAME: "fencelock_..." [labels],`.
     let families: BTreeSet<&str> = metrics
@@ -539,10 +502,16 @@ fn operations_lists_every_setting_and_metric() {
         })
         .collect();
     assert!(families.len() >= 15, "{families:?}");
-    for family in families {
+    assert_rows(&operations, "metrics", families);
+}
+
+/// Every one of `names` has a row of its own (`| `name` |`) in the `table` table of
+/// `docs/operations.md` (its text, `operations`).
+fn assert_rows(operations: &str, table: &str, names: BTreeSet<&str>) {
+    for name in names {
         assert!(
-            operations.contains(&format!("\n| `{family}` |")),
-            "the metrics table of docs/operations.md has no row for {family}"
+            operations.contains(&format!("\n| `{name}` |")),
+            "the {table} table of docs/operations.md has no row for {name}"
         );
     }
 }

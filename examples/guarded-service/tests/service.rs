@@ -135,6 +135,38 @@ async fn problem<B: MessageBody>(response: ServiceResponse<B>) -> (StatusCode, V
     )
 }
 
+/// Sends `request` to `app` and checks that the write is admitted: `204`, no body.
+async fn assert_admitted<S, R, B>(app: &S, request: R)
+where
+    S: actix_web::dev::Service<R, Response = ServiceResponse<B>, Error = actix_web::Error>,
+{
+    let response = test::call_service(app, request).await;
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+}
+
+/// Sends `request` to `app` and checks that it is refused with `status` and the problem type
+/// `kind`.
+async fn assert_refused<S, R, B>(app: &S, request: R, status: StatusCode, kind: &str)
+where
+    S: actix_web::dev::Service<R, Response = ServiceResponse<B>, Error = actix_web::Error>,
+    B: MessageBody,
+{
+    let (got, body) = problem(test::call_service(app, request).await).await;
+    assert_eq!((got, body["type"].as_str()), (status, Some(kind)), "{body}");
+}
+
+/// The writes the guard counted, from the text of `GET /metrics`: admitted, stale, and
+/// refused for an invalid token.
+fn guard_writes(metrics: &[u8]) -> [u64; 3] {
+    let metrics = std::str::from_utf8(metrics).unwrap();
+    ["admitted", "stale", "invalid_token"].map(|outcome| {
+        let sample = format!("fencelock_guard_writes_total{{outcome=\"{outcome}\"}} ");
+        let count = metrics.lines().find_map(|line| line.strip_prefix(&sample));
+        let count = count.unwrap_or_else(|| panic!("no {sample:?} in:\n{metrics}"));
+        count.parse().unwrap()
+    })
+}
+
 /// What the database holds for `key`: the document, and the guard's highest fence.
 async fn stored(db: &tokio_postgres::Client, key: &str) -> (Option<String>, Option<i64>) {
     let body = db
@@ -156,9 +188,7 @@ async fn a_write_with_a_lower_fence_is_refused_and_writes_nothing() {
     let (service, conn) = service(&db, FenceKeys::default()).await;
     let app = test::init_service(App::new().configure(|cfg| service.configure(cfg))).await;
 
-    let admitted =
-        test::call_service(&app, put("report", Some("5"), "by fence 5").to_request()).await;
-    assert_eq!(admitted.status(), StatusCode::NO_CONTENT);
+    assert_admitted(&app, put("report", Some("5"), "by fence 5").to_request()).await;
     assert_eq!(
         stored(&conn, "report").await,
         (Some("by fence 5".to_owned()), Some(5))
@@ -184,61 +214,40 @@ async fn a_write_with_a_lower_fence_is_refused_and_writes_nothing() {
     assert_eq!(read.status(), StatusCode::OK);
     assert_eq!(test::read_body(read).await, "by fence 5");
 
-    let (status, body) =
-        problem(test::call_service(&app, put("report", None, "no fence").to_request()).await).await;
-    assert_eq!(
-        (status, &body["type"]),
-        (
-            StatusCode::PRECONDITION_REQUIRED,
-            &"fencing-token-required".into()
-        ),
-        "{body}"
-    );
-    let (status, body) = problem(
-        test::call_service(
-            &app,
-            put("report", Some("five"), "not a fence").to_request(),
-        )
-        .await,
+    let no_fence = put("report", None, "no fence").to_request();
+    assert_refused(
+        &app,
+        no_fence,
+        StatusCode::PRECONDITION_REQUIRED,
+        "fencing-token-required",
     )
     .await;
-    assert_eq!(
-        (status, &body["type"]),
-        (StatusCode::BAD_REQUEST, &"malformed-request".into()),
-        "{body}"
-    );
+    let not_a_fence = put("report", Some("five"), "not a fence").to_request();
+    assert_refused(
+        &app,
+        not_a_fence,
+        StatusCode::BAD_REQUEST,
+        "malformed-request",
+    )
+    .await;
     assert_eq!(
         stored(&conn, "report").await,
         (Some("by fence 5".to_owned()), Some(5))
     );
 
     // An equal or greater fence still writes: the lease that wrote 5, or a newer one.
-    let again = test::call_service(
-        &app,
-        put("report", Some("5"), "by fence 5, again").to_request(),
-    )
-    .await;
-    assert_eq!(again.status(), StatusCode::NO_CONTENT);
-    let newer = test::call_service(&app, put("report", Some("8"), "by fence 8").to_request()).await;
-    assert_eq!(newer.status(), StatusCode::NO_CONTENT);
+    let again = put("report", Some("5"), "by fence 5, again").to_request();
+    assert_admitted(&app, again).await;
+    assert_admitted(&app, put("report", Some("8"), "by fence 8").to_request()).await;
     assert_eq!(
         stored(&conn, "report").await,
         (Some("by fence 8".to_owned()), Some(8))
     );
 
     // The guard counted what it decided: three writes admitted, one stale.
-    let metrics =
-        test::call_service(&app, test::TestRequest::get().uri("/metrics").to_request()).await;
-    let metrics = String::from_utf8(test::read_body(metrics).await.to_vec()).unwrap();
-    for line in [
-        r#"fencelock_guard_writes_total{outcome="admitted"} 3"#,
-        r#"fencelock_guard_writes_total{outcome="stale"} 1"#,
-    ] {
-        assert!(
-            metrics.lines().any(|l| l == line),
-            "no {line:?} in:\n{metrics}"
-        );
-    }
+    let metrics = test::TestRequest::get().uri("/metrics").to_request();
+    let metrics = test::call_and_read_body(&app, metrics).await;
+    assert_eq!(guard_writes(&metrics), [3, 1, 0]);
 }
 
 #[actix_web::test]
@@ -249,41 +258,21 @@ async fn a_guard_with_fence_keys_refuses_a_bare_fence() {
     let (service, conn) = service(&db, FenceKeys::new(vec![key.clone()])).await;
     let app = test::init_service(App::new().configure(|cfg| service.configure(cfg))).await;
 
-    let bare = test::call_service(
-        &app,
-        put("ledger", Some("7"), "by a bare fence").to_request(),
-    )
-    .await;
-    let (status, body) = problem(bare).await;
-    assert_eq!(
-        (status, &body["type"]),
-        (StatusCode::FORBIDDEN, &"invalid-fence-token".into()),
-        "{body}"
-    );
+    let bare = put("ledger", Some("7"), "by a bare fence").to_request();
+    assert_refused(&app, bare, StatusCode::FORBIDDEN, "invalid-fence-token").await;
     let other = key.sign("another-key", Fence::new(7).unwrap());
-    let (status, body) = problem(
-        test::call_service(
-            &app,
-            put("ledger", Some(&other), "signed for another key").to_request(),
-        )
-        .await,
-    )
-    .await;
-    assert_eq!(
-        (status, &body["type"]),
-        (StatusCode::FORBIDDEN, &"invalid-fence-token".into()),
-        "{body}"
-    );
+    let forged = put("ledger", Some(&other), "signed for another key").to_request();
+    assert_refused(&app, forged, StatusCode::FORBIDDEN, "invalid-fence-token").await;
     assert_eq!(stored(&conn, "ledger").await, (None, None));
+    // The guard counted both as invalid tokens.
+    let metrics = test::TestRequest::get().uri("/metrics").to_request();
+    let metrics = test::call_and_read_body(&app, metrics).await;
+    assert_eq!(guard_writes(&metrics), [0, 0, 2]);
 
     // The token the lease server signed for this key is admitted.
     let signed = key.sign("ledger", Fence::new(7).unwrap());
-    let admitted = test::call_service(
-        &app,
-        put("ledger", Some(&signed), "by a signed fence").to_request(),
-    )
-    .await;
-    assert_eq!(admitted.status(), StatusCode::NO_CONTENT);
+    let admitted = put("ledger", Some(&signed), "by a signed fence").to_request();
+    assert_admitted(&app, admitted).await;
     assert_eq!(
         stored(&conn, "ledger").await,
         (Some("by a signed fence".to_owned()), Some(7))

@@ -1,30 +1,30 @@
 //! The `curl` commands of a documentation page's shell blocks, read as a shell would read
-//! them, so that a test can play them against a fresh server as a reader would paste them.
+//! them, and played in order against a fresh service as a reader would paste them.
 //!
 //! Shared by `tests/api/readme.rs` (the lease server, `localhost:8080`) and
-//! `demo/tests/docs.rs` (the demo store, `localhost:8081`), which includes this file by path.
+//! `demo/tests/docs.rs` (the demo store, `localhost:8081`).
 //!
 //! A comment line right after a command that starts with a status (`# 409 ...`) is the
 //! status that command must get; without one, the command must succeed.
 
 /// One `curl` command to `localhost`.
 #[derive(Debug)]
-pub struct Curl {
+struct Curl {
     /// The command as written, continuation lines joined.
-    pub line: String,
-    pub method: String,
+    line: String,
+    method: String,
     /// The path and query, as sent.
-    pub path: String,
-    pub headers: Vec<(String, String)>,
-    pub body: Option<String>,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Option<String>,
     /// The status the page says the command gets; `None`: any success.
-    pub expected: Option<u16>,
+    expected: Option<u16>,
 }
 
 /// Every `curl` command to `localhost:{port}` in the shell blocks of `markdown`, in order.
 /// A `curl` flag the replay does not know fails the test: a page must not show a command
 /// whose meaning the replay cannot follow.
-pub fn commands(markdown: &str, port: u16) -> Vec<Curl> {
+fn commands(markdown: &str, port: u16) -> Vec<Curl> {
     let host = format!("localhost:{port}");
     shell_commands(markdown)
         .into_iter()
@@ -37,6 +37,41 @@ pub fn commands(markdown: &str, port: u16) -> Vec<Curl> {
             .then(|| parse(&line, &words[1..], &host, expected))
         })
         .collect()
+}
+
+/// Plays the commands of `page` (its text, `markdown`) to `localhost:{port}` in order against
+/// the service at `base` (`http://127.0.0.1:{port}` of the fresh service), each answered with
+/// the status the page says, or a success; the page must have at least `at_least`.
+pub async fn play(page: &str, markdown: &str, port: u16, base: &str, at_least: usize) {
+    let commands = commands(markdown, port);
+    assert!(commands.len() >= at_least, "{page}: {commands:#?}");
+    let http = crate::client();
+    for command in commands {
+        let method: reqwest::Method = command.method.parse().expect("an HTTP method");
+        let mut request = http.request(method, format!("{base}{}", command.path));
+        for (name, value) in &command.headers {
+            request = request.header(name, value);
+        }
+        if let Some(body) = &command.body {
+            request = request.body(body.clone());
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        match command.expected {
+            Some(expected) => assert_eq!(
+                status.as_u16(),
+                expected,
+                "{page}: `{}` answered {text}",
+                command.line
+            ),
+            None => assert!(
+                status.is_success(),
+                "{page}: `{}` answered {status}: {text}",
+                command.line
+            ),
+        }
+    }
 }
 
 /// The commands of the shell blocks (`sh`, `bash`, `shell`), continuation lines joined, each
@@ -189,9 +224,13 @@ fn parse(line: &str, args: &[String], host: &str, expected: Option<u16>) -> Curl
     }
 }
 
-#[test]
-fn commands_are_read_as_a_shell_reads_them() {
-    let page = "text\n```sh\n\
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_read_as_a_shell_reads_them() {
+        let page = "text\n```sh\n\
         curl -s -X POST localhost:8080/locks/a -H 'content-type: application/json' \\\n\
         \x20    -d '{\"owner\":\"o w\",\"ttl_seconds\":1}'\n\
         # {\"acquired\":true}\n\
@@ -201,34 +240,35 @@ fn commands_are_read_as_a_shell_reads_them() {
         # or: curl -s localhost:8080/locks/b\n\
         curl -s localhost:8080/openapi.json | python3 -m json.tool\n\
         ```\n```json\ncurl -s localhost:8080/not-a-command\n```\n";
-    let found = commands(page, 8080);
-    let seen: Vec<_> = found
-        .iter()
-        .map(|c| {
-            (
-                c.method.as_str(),
-                c.path.as_str(),
-                c.body.as_deref(),
-                c.expected,
-            )
-        })
-        .collect();
-    assert_eq!(
-        seen,
-        [
-            (
-                "POST",
-                "/locks/a",
-                Some("{\"owner\":\"o w\",\"ttl_seconds\":1}"),
-                None
-            ),
-            ("GET", "/locks?prefix=a&limit=2", None, Some(422)),
-            ("GET", "/openapi.json", None, None),
-        ]
-    );
-    assert_eq!(
-        found[0].headers,
-        [("content-type".to_owned(), "application/json".to_owned())]
-    );
-    assert_eq!(commands(page, 8081).len(), 1);
+        let found = commands(page, 8080);
+        let seen: Vec<_> = found
+            .iter()
+            .map(|c| {
+                (
+                    c.method.as_str(),
+                    c.path.as_str(),
+                    c.body.as_deref(),
+                    c.expected,
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (
+                    "POST",
+                    "/locks/a",
+                    Some("{\"owner\":\"o w\",\"ttl_seconds\":1}"),
+                    None
+                ),
+                ("GET", "/locks?prefix=a&limit=2", None, Some(422)),
+                ("GET", "/openapi.json", None, None),
+            ]
+        );
+        assert_eq!(
+            found[0].headers,
+            [("content-type".to_owned(), "application/json".to_owned())]
+        );
+        assert_eq!(commands(page, 8081).len(), 1);
+    }
 }
