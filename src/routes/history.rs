@@ -1,13 +1,12 @@
 //! `GET /locks/{resource}/history?limit=N`: the resource's most recent leases, newest first.
 
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::HttpResponse;
 use serde::Serialize;
 
-use super::auth::Caller;
+use super::locks::LockRead;
 use super::view::rfc3339_millis;
-use super::{AppState, parse, wire};
-use crate::auth::Permission;
-use fencelock::domain::{Fence, LeaseEnd, LeaseHistory, PastLease};
+use super::wire;
+use fencelock::domain::{Fence, HistoryRequest, LeaseEnd, LeaseHistory, PastLease};
 use fencelock::http::ApiError;
 
 /// How a lease in a history stands or ended.
@@ -91,14 +90,8 @@ struct HistoryView<'a> {
     ),
 )]
 pub(super) async fn history(
-    caller: Caller,
-    path: web::Path<String>,
-    req: HttpRequest,
-    state: web::Data<AppState>,
+    LockRead(request, state): LockRead<HistoryRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = parse::history(&path, req.query_string())?;
-    caller.allow(&request.resource, Permission::Read)?;
-
     let history = state.ask(state.store.history(&request)).await?;
     Ok(HttpResponse::Ok().json(HistoryView {
         resource: request.resource.as_str(),

@@ -7,14 +7,14 @@ use serde::Serialize;
 
 use super::auth::Caller;
 use super::metrics::Counted;
-use super::parse::Limits;
+use super::parse::{Limits, WatchRequest};
 use super::view::{self, LockView};
 use super::{AppState, parse, wire};
 use crate::auth::Permission;
 use crate::store::{Deadline, StoreError};
 use fencelock::domain::{
-    AcquireOutcome, AcquireRequest, Acquisition, Fence, Lease, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, ResourceName, Ttl,
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Lease, ReleaseOutcome,
+    ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ttl,
 };
 use fencelock::http::ApiError;
 use fencelock::http::body::{JsonObject, Object};
@@ -105,13 +105,8 @@ pub(super) async fn acquire(
     ),
 )]
 pub(super) async fn inspect(
-    caller: Caller,
-    path: web::Path<String>,
-    state: web::Data<AppState>,
+    LockRead(resource, state): LockRead<ResourceName>,
 ) -> Result<HttpResponse, ApiError> {
-    let resource = parse::resource(&path)?;
-    caller.allow(&resource, Permission::Read)?;
-
     match state.ask(state.store.inspect(&resource)).await? {
         Some(lease) => {
             Ok(HttpResponse::Ok().json(LockView::without_owner(&lease, state.fence_key.as_ref())))
@@ -238,6 +233,65 @@ impl<R: LockRequest> FromRequest for LockWrite<R> {
             let request = R::parse(&path, body, state.limits())?;
             caller.allow(request.resource(), Permission::Lock)?;
             Ok(Self(request, caller, state))
+        })
+    }
+}
+
+/// The prologue of every lock read, as an extractor: the request parsed from its path and
+/// query (every bad part in one `422`), then allowed for the caller to read (`403`
+/// forbidden-scope); with the app state. Its parts are extracted in the order of a
+/// handler's arguments: the caller, the path.
+pub(super) struct LockRead<R>(pub(super) R, pub(super) web::Data<AppState>);
+
+/// A lock read's request: how [`LockRead`] parses it, and what resource it reads.
+pub(super) trait ReadRequest: Sized + 'static {
+    fn parse(resource: &str, query: &str) -> Result<Self, ApiError>;
+    fn resource(&self) -> &ResourceName;
+}
+
+/// Inspect: the resource alone (its query is not read).
+impl ReadRequest for ResourceName {
+    fn parse(resource: &str, _query: &str) -> Result<Self, ApiError> {
+        parse::resource(resource)
+    }
+
+    fn resource(&self) -> &ResourceName {
+        self
+    }
+}
+
+impl ReadRequest for HistoryRequest {
+    fn parse(resource: &str, query: &str) -> Result<Self, ApiError> {
+        parse::history(resource, query)
+    }
+
+    fn resource(&self) -> &ResourceName {
+        &self.resource
+    }
+}
+
+impl ReadRequest for WatchRequest {
+    fn parse(resource: &str, query: &str) -> Result<Self, ApiError> {
+        parse::watch_request(resource, query)
+    }
+
+    fn resource(&self) -> &ResourceName {
+        &self.resource
+    }
+}
+
+impl<R: ReadRequest> FromRequest for LockRead<R> {
+    type Error = actix_web::Error;
+    type Future = LocalBoxFuture<'static, Result<Self, Self::Error>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let parts = <(Caller, web::Path<String>, web::Data<AppState>)>::from_request(req, payload);
+        let query = req.query_string().to_owned();
+        Box::pin(async move {
+            let (caller, path, state) = parts.await?;
+            let request = R::parse(&path, &query)?;
+            caller.allow(request.resource(), Permission::Read)?;
+            Ok(Self(request, state))
         })
     }
 }

@@ -171,6 +171,17 @@ impl Fields {
     }
 }
 
+/// A query's known parameters (see [`query::params`]), each at most once; a query that cannot
+/// be decoded at all is a `422` of its own.
+fn known_params<const N: usize>(
+    query: &str,
+    names: [&str; N],
+    unknown: &str,
+) -> Result<Params<N>, ApiError> {
+    query::params(query, names, unknown, "is given more than once")
+        .map_err(|e| ApiError::Validation(vec![e]))
+}
+
 /// The query of `GET /locks`, checked; the token's scope is applied after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct ListQuery {
@@ -187,13 +198,11 @@ pub(super) fn list(query: &str) -> Result<ListQuery, ApiError> {
     let Params {
         values: [prefix, limit, after],
         mut errors,
-    } = query::params(
+    } = known_params(
         query,
         ["prefix", "limit", "after"],
         "is not a known parameter; the parameters are prefix, limit and after",
-        "is given more than once",
-    )
-    .map_err(|e| ApiError::Validation(vec![e]))?;
+    )?;
     let mut checked = ListQuery {
         prefix: ResourcePrefix::everything(),
         after: None,
@@ -236,13 +245,11 @@ pub(super) fn history(resource: &str, query: &str) -> Result<HistoryRequest, Api
     let Params {
         values: [limit],
         mut errors,
-    } = query::params(
+    } = known_params(
         query,
         ["limit"],
         "is not a known parameter; the only parameter is limit",
-        "is given more than once",
-    )
-    .map_err(|e| ApiError::Validation(vec![e]))?;
+    )?;
     let mut checked_limit = HistoryLimit::default();
     if let Some(text) = limit {
         match decimal(&text).and_then(HistoryLimit::new) {
@@ -274,19 +281,37 @@ pub(super) struct WatchQuery {
     pub timeout: WatchTimeout,
 }
 
+/// A watch: the resource and its query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct WatchRequest {
+    pub resource: ResourceName,
+    pub query: WatchQuery,
+}
+
+/// `GET /locks/{resource}/watch?fence=F&timeout_ms=T`: the resource's and the query's
+/// problems in one `422`.
+pub(super) fn watch_request(resource: &str, query: &str) -> Result<WatchRequest, ApiError> {
+    match (self::resource(resource), watch(query)) {
+        (Ok(resource), Ok(query)) => Ok(WatchRequest { resource, query }),
+        (Err(ApiError::Validation(mut a)), Err(ApiError::Validation(b))) => {
+            a.extend(b);
+            Err(ApiError::Validation(a))
+        }
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    }
+}
+
 /// `GET /locks/{resource}/watch?fence=F&timeout_ms=T`, both optional; unknown or repeated
 /// parameters are a `422` as for the list.
 pub(super) fn watch(query: &str) -> Result<WatchQuery, ApiError> {
     let Params {
         values: [fence, timeout],
         mut errors,
-    } = query::params(
+    } = known_params(
         query,
         ["fence", "timeout_ms"],
         "is not a known parameter; the parameters are fence and timeout_ms",
-        "is given more than once",
-    )
-    .map_err(|e| ApiError::Validation(vec![e]))?;
+    )?;
     let mut checked = WatchQuery {
         fence: None,
         timeout: WatchTimeout::default(),

@@ -9,13 +9,13 @@
 
 use std::time::{Duration, Instant};
 
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::HttpResponse;
 use serde::Serialize;
 
-use super::auth::Caller;
+use super::locks::LockRead;
+use super::parse::WatchRequest;
 use super::view::{self, LockView};
-use super::{AppState, parse, wire};
-use crate::auth::Permission;
+use super::wire;
 use crate::wake::{Registration, Watching};
 use fencelock::domain::time_left_ms;
 use fencelock::http::ApiError;
@@ -48,23 +48,8 @@ pub(super) struct WatchResponse<'a> {
     ),
 )]
 pub(super) async fn watch(
-    caller: Caller,
-    path: web::Path<String>,
-    req: HttpRequest,
-    state: web::Data<AppState>,
+    LockRead(WatchRequest { resource, query }, state): LockRead<WatchRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let resource = parse::resource(&path);
-    let query = parse::watch(req.query_string());
-    let (resource, query) = match (resource, query) {
-        (Ok(resource), Ok(query)) => (resource, query),
-        (Err(ApiError::Validation(mut a)), Err(ApiError::Validation(b))) => {
-            a.extend(b);
-            return Err(ApiError::Validation(a));
-        }
-        (Err(e), _) | (_, Err(e)) => return Err(e),
-    };
-    caller.allow(&resource, Permission::Read)?;
-
     let until = Instant::now() + query.timeout.duration();
     let mut changes = state.store.changes().subscribe(&resource);
     changes.mark_seen();

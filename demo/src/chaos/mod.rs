@@ -174,19 +174,22 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
     let start = Instant::now();
     let deadline = start + Duration::from_secs(options.seconds);
     let pauses = Rc::new(Cell::new(0_u64));
+    // The workers, and the checker after the run: alike but for their number, their seed and
+    // the pauses they count.
+    let worker = |number: usize, seed: u64, pauses: Rc<Cell<u64>>| Worker {
+        number,
+        rng: StdRng::seed_from_u64(seed),
+        http: http.clone(),
+        lease_urls: lease_urls.clone(),
+        demo_url: demo_url.clone(),
+        resources: resources.clone(),
+        start,
+        pauses,
+        records: Vec::new(),
+    };
     let mut workers = Vec::with_capacity(options.workers);
     for w in 0..options.workers {
-        let worker = Worker {
-            number: w,
-            rng: StdRng::seed_from_u64(rng.random()),
-            http: http.clone(),
-            lease_urls: lease_urls.clone(),
-            demo_url: demo_url.clone(),
-            resources: resources.clone(),
-            start,
-            pauses: pauses.clone(),
-            records: Vec::new(),
-        };
+        let worker = worker(w, rng.random(), pauses.clone());
         workers.push(actix_web::rt::spawn(worker.run(deadline)));
     }
 
@@ -206,17 +209,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
     }
     // After the faults, from every instance: what each resource looks like, and a fresh
     // acquisition, whose fence must exceed every fence acknowledged before.
-    let checker = Worker {
-        number: usize::MAX,
-        rng: StdRng::seed_from_u64(rng.random()),
-        http: http.clone(),
-        lease_urls: lease_urls.clone(),
-        demo_url: demo_url.clone(),
-        resources: resources.clone(),
-        start,
-        pauses: Rc::new(Cell::new(0)),
-        records: Vec::new(),
-    };
+    let checker = worker(usize::MAX, rng.random(), Rc::new(Cell::new(0)));
     let final_records = checker.final_look().await?;
     records.extend(final_records);
 
@@ -485,6 +478,15 @@ impl Worker {
         u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
+    /// Sends `request`: when it was sent (for its record), and what came back.
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> (u64, reqwest::Result<reqwest::Response>) {
+        let sent = self.now();
+        (sent, request.send().await)
+    }
+
     fn record(&mut self, resource: &str, sent_us: u64, op: Op) {
         self.records.push(Record {
             worker: (self.number != usize::MAX).then_some(self.number),
@@ -496,13 +498,9 @@ impl Worker {
     }
 
     async fn acquire(&mut self, server: &str, resource: &str, owner: &str) -> AcquireAnswer {
-        let sent = self.now();
-        let answer = self
-            .http
-            .post(format!("{server}/locks/{resource}"))
-            .json(&json!({"owner": owner, "ttl_seconds": TTL_SECONDS}))
-            .send()
-            .await;
+        let request = self.http.post(format!("{server}/locks/{resource}"));
+        let body = json!({"owner": owner, "ttl_seconds": TTL_SECONDS});
+        let (sent, answer) = self.send(request.json(&body)).await;
         let answer = match answer {
             Ok(response) if response.status() == StatusCode::OK => {
                 match response.json::<Value>().await {
@@ -531,13 +529,10 @@ impl Worker {
     }
 
     async fn write(&mut self, resource: &str, owner: &str, fence: i64) {
-        let sent = self.now();
-        let answer = self
-            .http
-            .put(format!("{}/docs/{resource}", self.demo_url))
-            .header(FENCING_TOKEN, fence.to_string())
-            .json(&json!({"worker": self.number, "owner": owner}))
-            .send()
+        let request = self.http.put(format!("{}/docs/{resource}", self.demo_url));
+        let body = json!({"worker": self.number, "owner": owner});
+        let (sent, answer) = self
+            .send(request.header(FENCING_TOKEN, fence.to_string()).json(&body))
             .await;
         let answer = match answer {
             Ok(response) if response.status() == StatusCode::OK => WriteAnswer::Applied,
@@ -567,13 +562,9 @@ impl Worker {
     }
 
     async fn release(&mut self, server: &str, resource: &str, owner: &str, fence: i64) {
-        let sent = self.now();
-        let answer = self
-            .http
-            .delete(format!("{server}/locks/{resource}"))
-            .json(&json!({"owner": owner, "fence": fence}))
-            .send()
-            .await;
+        let request = self.http.delete(format!("{server}/locks/{resource}"));
+        let body = json!({"owner": owner, "fence": fence});
+        let (sent, answer) = self.send(request.json(&body)).await;
         let answer = match answer.map(|r| r.status()) {
             Ok(StatusCode::NO_CONTENT) => ReleaseAnswer::Released,
             Ok(s @ (StatusCode::NOT_FOUND | StatusCode::FORBIDDEN | StatusCode::CONFLICT)) => {
@@ -594,12 +585,8 @@ impl Worker {
     }
 
     async fn inspect(&mut self, server: &str, resource: &str) {
-        let sent = self.now();
-        let answer = self
-            .http
-            .get(format!("{server}/locks/{resource}"))
-            .send()
-            .await;
+        let request = self.http.get(format!("{server}/locks/{resource}"));
+        let (sent, answer) = self.send(request).await;
         let answer = match answer {
             Ok(response) if response.status() == StatusCode::OK => {
                 match response
