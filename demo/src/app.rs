@@ -336,18 +336,7 @@ pub(crate) async fn list_writes(
         }
     };
     let page = docs.ask(docs.store.writes(&key, page)).await?;
-    let writes: Vec<_> = page
-        .writes
-        .iter()
-        .map(|w| {
-            json!({
-                "id": w.id,
-                "fence": w.fence,
-                "outcome": w.outcome,
-                "at": w.at.to_rfc3339_opts(SecondsFormat::Millis, true),
-            })
-        })
-        .collect();
+    let writes: Vec<_> = page.writes.iter().map(wire::WriteRecord::from).collect();
     Ok(HttpResponse::Ok().json(json!({ "writes": writes, "next": page.next })))
 }
 

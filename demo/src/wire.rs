@@ -4,6 +4,7 @@
 //! answers of each operation. Below the handlers of [`crate::app`] and [`crate::page`], which
 //! name these in their `#[utoipa::path]`.
 
+use chrono::SecondsFormat;
 use fencelock::http::ApiError;
 use fencelock::http::openapi::{ResourceNameSchema, body_refusals, invalid_input, store_failures};
 use serde_json::Value;
@@ -100,12 +101,9 @@ pub struct WritesPage {
     next: Option<i64>,
 }
 
-/// One write attempt, applied or rejected.
-#[derive(utoipa::ToSchema)]
-#[expect(
-    dead_code,
-    reason = "the wire shape, for the document; app::list_writes writes it"
-)]
+/// One write attempt, applied or rejected: an entry of a write-log page, and of the page's
+/// view of a run.
+#[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct WriteRecord {
     #[schema(minimum = 1)]
     id: i64,
@@ -115,6 +113,17 @@ pub struct WriteRecord {
     /// RFC 3339 UTC, millisecond precision.
     #[schema(format = DateTime)]
     at: String,
+}
+
+impl From<&crate::docs::WriteRecord> for WriteRecord {
+    fn from(w: &crate::docs::WriteRecord) -> Self {
+        Self {
+            id: w.id,
+            fence: w.fence,
+            outcome: w.outcome,
+            at: w.at.to_rfc3339_opts(SecondsFormat::Millis, true),
+        }
+    }
 }
 
 // The problem answers of each operation, beyond those of the HTTP layer.

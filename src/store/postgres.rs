@@ -576,19 +576,37 @@ const SCHEMA_PROBES: [&str; 7] = [
 const READ_ONLY: &str =
     "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'";
 
+/// A purge statement: deletes at most `$2` rows of `$table` that match `$matching`, found by
+/// their key `$key` and skipping any row another transaction has locked.
+macro_rules! delete_skip_locked {
+    ($table:literal, $key:literal, $matching:literal) => {
+        concat!(
+            "DELETE FROM ",
+            $table,
+            " WHERE ",
+            $key,
+            " IN (SELECT ",
+            $key,
+            " FROM ",
+            $table,
+            " WHERE ",
+            $matching,
+            " LIMIT $2 FOR UPDATE SKIP LOCKED)"
+        )
+    };
+}
+
 /// Rows are deleted in the order the expiry index is scanned, not in resource order, so the
 /// purge skips rows that are locked (by a batch deciding on them) rather than waiting: it
 /// never waits on a lease row and so can never close a deadlock with a batch. A skipped row
 /// goes next time. A lease inside its lock delay is kept whatever the grace: it still keeps
 /// other owners out.
-const PURGE: &str = "
-DELETE FROM leases WHERE resource IN (
-    SELECT resource FROM leases
-    WHERE expires_at < now() - $1::bigint * interval '1 millisecond'
-      AND fencelock_free_at(expires_at, lock_delay_ms) < now() - $1::bigint * interval '1 millisecond'
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)";
+const PURGE: &str = delete_skip_locked!(
+    "leases",
+    "resource",
+    "expires_at < now() - $1::bigint * interval '1 millisecond'
+      AND fencelock_free_at(expires_at, lock_delay_ms) < now() - $1::bigint * interval '1 millisecond'"
+);
 
 /// A resource's history, newest first: a range scan of `lease_history_resource_fence_idx`.
 const HISTORY: &str = r#"
@@ -602,14 +620,12 @@ LIMIT $2"#;
 /// `lease_history_acquired_idx` (migration V12: a lease that ended before the cutoff was
 /// acquired before it). Like the lease purge, it skips rows a batch has locked (a lease
 /// change updating them right now) rather than wait for them.
-const PURGE_HISTORY: &str = "
-DELETE FROM lease_history WHERE fence IN (
-    SELECT fence FROM lease_history
-    WHERE acquired_at < now() - $1::bigint * interval '1 millisecond'
-      AND coalesce(ended_at, expires_at) < now() - $1::bigint * interval '1 millisecond'
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)";
+const PURGE_HISTORY: &str = delete_skip_locked!(
+    "lease_history",
+    "fence",
+    "acquired_at < now() - $1::bigint * interval '1 millisecond'
+      AND coalesce(ended_at, expires_at) < now() - $1::bigint * interval '1 millisecond'"
+);
 
 /// The single-statement form of each write: for acquisitions with a quota, for requests
 /// whose batch failed, and for every request when batches are limited to one.
@@ -657,6 +673,20 @@ impl Db {
 
     fn describe(&self) -> String {
         format!("PostgreSQL at {}", self.config.redacted_url)
+    }
+}
+
+impl PgStore {
+    /// Decides a write in the next batch, or alone when batches are off.
+    async fn decide<R: Batched>(
+        &self,
+        req: &R,
+        deadline: Deadline,
+    ) -> Result<R::Outcome, StoreError> {
+        match &self.batcher {
+            Some(batcher) => batcher.decide(req, deadline).await,
+            None => req.alone(&self.db, deadline).await,
+        }
     }
 }
 
@@ -787,10 +817,7 @@ impl LeaseStore for PgStore {
         req: &RenewRequest,
         deadline: Deadline,
     ) -> Result<RenewOutcome, StoreError> {
-        match &self.batcher {
-            Some(batcher) => batcher.decide(req, deadline).await,
-            None => req.alone(&self.db, deadline).await,
-        }
+        self.decide(req, deadline).await
     }
 
     #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
@@ -799,10 +826,7 @@ impl LeaseStore for PgStore {
         req: &ReleaseRequest,
         deadline: Deadline,
     ) -> Result<ReleaseOutcome, StoreError> {
-        match &self.batcher {
-            Some(batcher) => batcher.decide(req, deadline).await,
-            None => req.alone(&self.db, deadline).await,
-        }
+        self.decide(req, deadline).await
     }
 
     async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError> {

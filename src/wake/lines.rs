@@ -148,10 +148,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-
-    fn name(text: &str) -> ResourceName {
-        ResourceName::parse(text).unwrap()
-    }
+    use crate::wake::tests::name;
 
     #[tokio::test]
     async fn the_smallest_ticket_is_first_and_hands_on_when_it_leaves() {

@@ -181,7 +181,8 @@ mod tests {
 
     use super::*;
 
-    fn name(text: &str) -> ResourceName {
+    /// A resource name for the wake tests, here and in the submodules.
+    pub(super) fn name(text: &str) -> ResourceName {
         ResourceName::parse(text).unwrap()
     }
 

@@ -3,13 +3,12 @@
 //! release, and faults injected all along; then a check of everything that was seen.
 //!
 //! Faults, in turn: `kill -9` of an instance (started again on its port once gone), the
-//! connections to PostgreSQL cut and restored (through [`proxy::CutProxy`]; there is no such
+//! connections to PostgreSQL cut and restored (through the test kit's [`Proxy`]; there is no such
 //! connection with SQLite), and workers that pause past their TTL at random. The checks are
 //! in [`history`].
 
 pub mod history;
 mod instances;
-mod proxy;
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -24,6 +23,7 @@ use chrono::{DateTime, Utc};
 use fencelock::domain::FenceKeys;
 use fencelock::guard::FENCING_TOKEN;
 use fencelock_server::StoreOptions;
+use fencelock_testkit::Proxy;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use reqwest::StatusCode;
@@ -34,7 +34,6 @@ use self::history::{
     Violation, WriteAnswer,
 };
 use self::instances::Instance;
-use self::proxy::CutProxy;
 use crate::app::DemoServer;
 use crate::docs::Guarding;
 use crate::page::PageOptions;
@@ -118,7 +117,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
     let (store_url, proxy) = match &options.database_url {
         Some(url) => {
             let (upstream, via) = through_proxy(url)?;
-            let proxy = CutProxy::start(upstream)?;
+            let proxy = Proxy::start(upstream);
             (via(proxy.addr()), Some(proxy))
         }
         None => (
@@ -326,7 +325,7 @@ fn through_proxy(url: &str) -> anyhow::Result<(SocketAddr, impl Fn(SocketAddr) -
 /// many kills and cuts there were.
 async fn inject_faults(
     servers: &mut [Instance],
-    proxy: Option<&CutProxy>,
+    proxy: Option<&Proxy>,
     http: &reqwest::Client,
     mut rng: StdRng,
     start: Instant,
@@ -343,7 +342,7 @@ async fn inject_faults(
             let down = Duration::from_millis(rng.random_range(200..1500));
             proxy.cut();
             tokio::time::sleep(down).await;
-            proxy.restore();
+            proxy.thaw();
             cuts += 1;
             say!(
                 "chaos: {:>6.2} s: store connections cut for {} ms",

@@ -23,7 +23,7 @@ use fencelock::http::{self, ApiError, FieldError};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::docs::{MAX_PAGE_LIMIT, Outcome, Page};
+use crate::docs::{MAX_PAGE_LIMIT, Page};
 use crate::wire;
 use stage::{Event, Phase, Run, Verdict};
 pub use stage::{PageOptions, Stage, Story};
@@ -135,14 +135,8 @@ pub struct RunState {
 /// One write attempt on a run's key.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Mark {
-    #[schema(minimum = 1)]
-    id: i64,
-    #[schema(minimum = 1)]
-    fence: i64,
-    outcome: Outcome,
-    /// RFC 3339 UTC, millisecond precision.
-    #[schema(format = DateTime)]
-    at: String,
+    #[serde(flatten)]
+    write: wire::WriteRecord,
     /// The worker the story granted this fence to; `null` for a fence it did not grant.
     #[schema(required = true)]
     worker: Option<&'static str>,
@@ -234,10 +228,7 @@ async fn run_state(stage: &Stage, run: &Run, newest: bool) -> Result<RunState, A
             .writes
             .iter()
             .map(|w| Mark {
-                id: w.id,
-                fence: w.fence,
-                outcome: w.outcome,
-                at: time(w.at),
+                write: w.into(),
                 worker: holder(w.fence),
                 late: view
                     .grants

@@ -513,40 +513,41 @@ impl Stage {
 /// After B wrote: A's late write either was rejected, or destroyed B's report.
 fn late_write_verdict(cast: &Takeover, applied: bool) -> Verdict {
     let (a, b) = (cast.a.fence, cast.b.fence);
-    if applied {
-        Verdict {
-            kind: VerdictKind::DataLoss,
-            text: format!(
+    let (kind, text) = if applied {
+        (
+            VerdictKind::DataLoss,
+            format!(
                 "Data loss: paused worker A's late write (fence {a}) overwrote worker B's report \
                  (fence {b}) after A had lost its lease. Nothing checked the fence."
             ),
-        }
+        )
     } else {
-        Verdict {
-            kind: VerdictKind::Protected,
-            text: format!(
+        (
+            VerdictKind::Protected,
+            format!(
                 "Protected: the store rejected A's late write (fence {a}) because it had already \
                  accepted fence {b}. Worker B's report stands."
             ),
-        }
-    }
+        )
+    };
+    Verdict { kind, text }
 }
 
-/// Before B wrote: the store had not seen B's fence yet.
+/// Before B wrote: the store had not seen B's fence yet. Rejected, the late write is a
+/// protected one like any other.
 fn gap_verdict(cast: &Takeover, applied: bool) -> Verdict {
+    if !applied {
+        return late_write_verdict(cast, false);
+    }
     let (a, b) = (cast.a.fence, cast.b.fence);
-    if applied {
-        Verdict {
-            kind: VerdictKind::Gap,
-            text: format!(
-                "The gap: A's late write (fence {a}) was accepted. B held the lease with fence \
-                 {b} but had not written yet, so the highest fence the store had seen was still \
-                 {a}. B's write replaced it, but an irreversible step A took on the strength of \
-                 it (an e-mail sent, a payment made) cannot be undone."
-            ),
-        }
-    } else {
-        late_write_verdict(cast, false)
+    Verdict {
+        kind: VerdictKind::Gap,
+        text: format!(
+            "The gap: A's late write (fence {a}) was accepted. B held the lease with fence {b} \
+             but had not written yet, so the highest fence the store had seen was still {a}. \
+             B's write replaced it, but an irreversible step A took on the strength of it (an \
+             e-mail sent, a payment made) cannot be undone."
+        ),
     }
 }
 

@@ -557,6 +557,21 @@ pub(super) struct Params<'a> {
     lock_delay: Option<i32>,
 }
 
+impl<'a> Params<'a> {
+    /// A request of `kind` on `resource` by `owner`, with every optional element `None`.
+    fn of(kind: &'static str, resource: &'a ResourceName, owner: &'a Owner) -> Self {
+        Self {
+            kind,
+            resource: resource.as_str(),
+            owner: owner.as_str(),
+            ttl: None,
+            fence: None,
+            token: None,
+            lock_delay: None,
+        }
+    }
+}
+
 impl Batched for AcquireRequest {
     type Outcome = AcquireOutcome;
 
@@ -566,13 +581,10 @@ impl Batched for AcquireRequest {
 
     fn params(&self) -> Params<'_> {
         Params {
-            kind: "acquire",
-            resource: self.resource.as_str(),
-            owner: self.owner.as_str(),
             ttl: Some(super::ttl_param(self.ttl.seconds())),
-            fence: None,
             token: self.token.as_ref().map(|t| t.name.as_str()),
             lock_delay: Some(super::lock_delay_param(self)),
+            ..Params::of("acquire", &self.resource, &self.owner)
         }
     }
 
@@ -601,13 +613,9 @@ impl Batched for RenewRequest {
 
     fn params(&self) -> Params<'_> {
         Params {
-            kind: "renew",
-            resource: self.resource.as_str(),
-            owner: self.owner.as_str(),
             ttl: Some(super::ttl_param(self.ttl.seconds())),
             fence: self.fence,
-            token: None,
-            lock_delay: None,
+            ..Params::of("renew", &self.resource, &self.owner)
         }
     }
 
@@ -635,13 +643,8 @@ impl Batched for ReleaseRequest {
 
     fn params(&self) -> Params<'_> {
         Params {
-            kind: "release",
-            resource: self.resource.as_str(),
-            owner: self.owner.as_str(),
-            ttl: None,
             fence: self.fence,
-            token: None,
-            lock_delay: None,
+            ..Params::of("release", &self.resource, &self.owner)
         }
     }
 
