@@ -52,20 +52,37 @@ fn last_line(stdout: &str) -> [u64; 4] {
 
 /// The number before `what` in the faults line.
 fn faults_of(stdout: &str, what: &str) -> u64 {
+    number_in(stdout, "chaos: faults:", what)
+}
+
+/// The number before `what` in the line that starts with `line`.
+fn number_in(stdout: &str, line: &str, what: &str) -> u64 {
     let line = stdout
         .lines()
-        .find(|l| l.starts_with("chaos: faults:"))
-        .unwrap_or_else(|| panic!("no faults line in {stdout}"));
+        .find(|l| l.starts_with(line))
+        .unwrap_or_else(|| panic!("no {line:?} line in {stdout}"));
     let before = &line[..line
         .find(what)
         .unwrap_or_else(|| panic!("{what:?} not in {line:?}"))];
     before
         .trim_end()
-        .rsplit([' ', ':'])
+        .rsplit([' ', ':', ';', '('])
         .next()
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// A run waited, had waiters leave, and (where `kills`) killed instances holding waiters.
+fn assert_waiting_exercised(stdout: &str, kills: bool) {
+    let waited = number_in(stdout, "chaos: waiting:", "waited acquisitions");
+    let acquired = number_in(stdout, "chaos: waiting:", "acquired,");
+    let departed = number_in(stdout, "chaos: waiting:", "waiters departed");
+    assert!(waited >= 50 && acquired >= 1 && departed >= 1, "{stdout}");
+    if kills {
+        let with_waiters = number_in(stdout, "chaos: faults:", "of an instance holding waiters");
+        assert!(with_waiters >= 1, "{stdout}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -92,6 +109,22 @@ async fn a_short_run_on_postgresql_passes_with_every_fault() {
     );
     assert!(kills >= 1 && cuts >= 1 && pauses >= 1, "{stdout}");
     assert_eq!(faults, kills + cuts + pauses, "{stdout}");
+    assert_waiting_exercised(&stdout, true);
+}
+
+/// Several instances on one SQLite file: kills (of instances holding waiters too), pauses,
+/// waiting and departing waiters; no connection to cut.
+#[test]
+fn a_short_run_on_sqlite_passes_with_every_fault() {
+    let out = chaos(&["--seconds", "15", "--seed", "7"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let [operations, _, _, violations] = last_line(&stdout);
+    assert_eq!(violations, 0, "{stdout}");
+    assert!(operations >= 1000, "{stdout}");
+    assert!(faults_of(&stdout, "kill -9") >= 1, "{stdout}");
+    assert_waiting_exercised(&stdout, true);
 }
 
 /// With the guard off, paused workers' late writes land after greater fences: the write

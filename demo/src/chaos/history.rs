@@ -20,8 +20,16 @@
 //! - **Acknowledged leases survive**: an inspection sent after an acquisition was
 //!   acknowledged never shows an older fence on that resource, and never shows none while
 //!   the lease's TTL cannot have run out and its owner has sent no release.
+//! - **Every grant is delivered**: each lease in the store's own history of a resource
+//!   (`GET /locks/{resource}/history`) that no request received held the resource for at
+//!   most [`UNDELIVERED_LIMIT`] (until it ended, or until the next lease began), unless a
+//!   request whose answer was lost to a fault (a kill, a cut: [`AcquireAnswer::Unknown`])
+//!   was in flight when it began: such a grant is its requester's, who could not learn of
+//!   it, and lasts its TTL. A waiter that left ([`AcquireAnswer::Departed`]) excuses one
+//!   only when a fault struck while it waited or within the limit after. And every
+//!   acknowledged fence the history still covers is in it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::time::Duration;
 
@@ -49,6 +57,8 @@ pub enum Op {
     Acquire {
         owner: String,
         ttl_seconds: u32,
+        /// The request's `wait_ms`; `0` when it did not wait.
+        wait_ms: u32,
         answer: AcquireAnswer,
     },
     Write {
@@ -76,6 +86,9 @@ pub enum AcquireAnswer {
     Unknown {
         why: String,
     },
+    /// The client gave up while the request waited, and closed its connection: the server
+    /// must not keep a lease for it.
+    Departed,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -121,12 +134,47 @@ pub struct LoggedWrite {
     pub applied: bool,
 }
 
-/// What a run observed: its records, and the write log of every key at the end.
+/// One lease of the store's own history of a resource, as `GET /locks/{resource}/history`
+/// shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PastLease {
+    pub fence: i64,
+    pub acquired_at: DateTime<Utc>,
+    /// `None` while it is live.
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+/// A span of local time in which a fault was in force: an instance down (from its kill until
+/// it was ready again), or the store's connections cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    pub from_us: Micros,
+    pub until_us: Micros,
+}
+
+/// What a run observed: its records, the write log of every key and the store's history of
+/// every resource at the end, and when faults struck.
 #[derive(Debug, Default)]
 pub struct History {
     pub records: Vec<Record>,
     pub write_logs: BTreeMap<String, Vec<LoggedWrite>>,
+    /// Newest first, as the store answers; at most the store's page of history.
+    pub lease_histories: BTreeMap<String, Vec<PastLease>>,
+    pub faults: Vec<Fault>,
+    /// The wall clock when the run's local time began, to place the store's times (the
+    /// store is on this machine: its clock is this one) among the records.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When the store's histories were read, in local time: a live lease has lasted until
+    /// then.
+    pub read_histories_us: Micros,
 }
+
+/// The longest a lease nobody received may keep its resource (the contract's 3 s hand-over
+/// rule for waiters that left or died), plus a margin for the hand-over's own round trips.
+pub const UNDELIVERED_LIMIT: Duration = Duration::from_millis(3500);
+/// How far apart the store's time stamps and this process's clock readings may be placed:
+/// one machine, one clock, but a request's time stamp is taken somewhere inside its flight.
+const PLACEMENT_SLACK: Duration = Duration::from_millis(250);
 
 /// A broken promise, in words.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,7 +213,94 @@ impl History {
         check_no_overlap(&acks, &mut found);
         self.check_releases_in_real_time(&acks, &mut found);
         self.check_inspections(&acks, &mut found);
+        self.check_grants_delivered(&acks, &mut found);
         found
+    }
+
+    /// A store time as local micros of the run; `None` before the run began.
+    fn local(&self, at: DateTime<Utc>) -> Option<Micros> {
+        let since = (at - self.started_at?).to_std().ok()?;
+        Some(micros(since))
+    }
+
+    /// Every lease of the store's histories was received by a request, or kept its resource
+    /// no longer than [`UNDELIVERED_LIMIT`], or is excused by a request whose answer a fault
+    /// took (each such request excuses one lease).
+    fn check_grants_delivered(&self, acks: &[Acknowledged<'_>], found: &mut Vec<Violation>) {
+        let slack = micros(PLACEMENT_SLACK);
+        let limit = micros(UNDELIVERED_LIMIT);
+        let faulted = |from: Micros, until: Micros| {
+            self.faults
+                .iter()
+                .any(|f| f.from_us <= until && from <= f.until_us)
+        };
+        for (resource, past) in &self.lease_histories {
+            let received: BTreeSet<i64> = acks
+                .iter()
+                .filter(|a| a.resource == resource)
+                .map(|a| a.lease.fence)
+                .collect();
+            if let Some(oldest) = past.iter().map(|p| p.fence).min() {
+                let known: BTreeSet<i64> = past.iter().map(|p| p.fence).collect();
+                for fence in received.iter().filter(|f| **f >= oldest) {
+                    if !known.contains(fence) {
+                        found.push(Violation(format!(
+                            "{resource}: fence {fence} was acknowledged but is not in the store's history"
+                        )));
+                    }
+                }
+            }
+            // Requests whose answer may hide a grant, with whether each is still unused.
+            let mut excuses: Vec<(Micros, Micros, bool)> = self
+                .records
+                .iter()
+                .filter(|r| &r.resource == resource)
+                .filter_map(|r| match &r.op {
+                    Op::Acquire {
+                        answer: AcquireAnswer::Unknown { .. },
+                        ..
+                    } => Some((r.sent_us, r.received_us, true)),
+                    Op::Acquire {
+                        answer: AcquireAnswer::Departed,
+                        ..
+                    } if faulted(r.sent_us, r.received_us + limit) => {
+                        Some((r.sent_us, r.received_us, true))
+                    }
+                    _ => None,
+                })
+                .collect();
+            // Newest first, as the store answers: the lease after each is the one seen before it.
+            let mut next_began: Option<DateTime<Utc>> = None;
+            for lease in past.iter() {
+                let began = lease.acquired_at;
+                let ended = [lease.ended_at, next_began].into_iter().flatten().min();
+                next_began = Some(began);
+                if received.contains(&lease.fence) {
+                    continue;
+                }
+                let (Some(from), until) = (self.local(began), ended.and_then(|e| self.local(e)))
+                else {
+                    continue;
+                };
+                let until = until.unwrap_or(self.read_histories_us);
+                if until.saturating_sub(from) <= limit {
+                    continue;
+                }
+                let excuse = excuses.iter_mut().find(|(sent, received, unused)| {
+                    *unused && sent.saturating_sub(slack) <= from && from <= received + slack
+                });
+                match excuse {
+                    Some(excuse) => excuse.2 = false,
+                    None => found.push(Violation(format!(
+                        "{resource}: fence {} was granted at {} and kept the resource {} with no \
+                         request receiving it",
+                        lease.fence,
+                        ms(from),
+                        ms(until - from)
+                    ))),
+                }
+            }
+        }
     }
 
     /// Write attempts answered `409 stale-fence`.
@@ -207,6 +342,7 @@ impl History {
                     owner,
                     ttl_seconds,
                     answer: AcquireAnswer::Acquired(lease),
+                    ..
                 } => Some(Acknowledged {
                     resource: &r.resource,
                     lease: *lease,
@@ -538,11 +674,40 @@ mod tests {
     }
 
     fn acquired(owner: &str, lease: Lease) -> Op {
+        waited(owner, AcquireAnswer::Acquired(lease))
+    }
+
+    fn waited(owner: &str, answer: AcquireAnswer) -> Op {
         Op::Acquire {
             owner: owner.to_owned(),
             ttl_seconds: 1,
-            answer: AcquireAnswer::Acquired(lease),
+            wait_ms: 0,
+            answer,
         }
+    }
+
+    fn past(fence: i64, from_ms: i64, ended_ms: Option<i64>) -> PastLease {
+        PastLease {
+            fence,
+            acquired_at: at(from_ms),
+            ended_at: ended_ms.map(at),
+        }
+    }
+
+    /// The fair history with the store's history of `k`: fences 1 and 2 released, and
+    /// `extra` (newest first) before them.
+    fn with_store_history(extra: Vec<PastLease>) -> History {
+        let mut history = fair();
+        history.started_at = Some(at(0));
+        history.read_histories_us = 30_000_000;
+        let mut leases = extra;
+        leases.extend([
+            past(3, 1160, Some(1500)),
+            past(2, 1100, Some(1140)),
+            past(1, 0, Some(1100)),
+        ]);
+        history.lease_histories.insert("k".to_owned(), leases);
+        history
     }
 
     fn release(owner: &str, fence: i64, answer: ReleaseAnswer) -> Op {
@@ -611,6 +776,7 @@ mod tests {
                     },
                 ],
             )]),
+            ..History::default()
         }
     }
 
@@ -713,5 +879,80 @@ mod tests {
             .records
             .retain(|r| !matches!(r.op, Op::Write { .. }));
         assert_eq!(violations(&history), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_grant_nobody_received_that_keeps_its_resource_is_caught() {
+        // The history agrees with the answers: nothing to say.
+        assert_eq!(
+            violations(&with_store_history(vec![])),
+            Vec::<String>::new()
+        );
+
+        // Fence 4, received by nobody, kept `k` for 10 s.
+        let stranded = with_store_history(vec![past(4, 2000, Some(12_000))]);
+        let found = violations(&stranded);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0].contains("fence 4 was granted at 2000.0 ms and kept the resource 10000.0 ms"),
+            "{found:#?}"
+        );
+
+        // Still live when the histories were read: it has lasted until then.
+        let live = with_store_history(vec![past(4, 2000, None)]);
+        assert!(violations(&live)[0].contains("kept the resource 28000.0 ms"));
+
+        // Undone within the limit, or followed by the next lease within it: no violation.
+        let undone = with_store_history(vec![past(4, 2000, Some(4000))]);
+        assert_eq!(violations(&undone), Vec::<String>::new());
+        let handed_on =
+            with_store_history(vec![past(5, 4500, Some(4600)), past(4, 2000, Some(12_000))]);
+        assert_eq!(violations(&handed_on), Vec::<String>::new());
+    }
+
+    #[test]
+    fn only_a_lost_answer_excuses_a_stranded_grant_and_each_only_once() {
+        let mut history = with_store_history(vec![
+            past(5, 20_000, Some(30_000)),
+            past(4, 2000, Some(12_000)),
+        ]);
+        // A request in flight at 2 s whose answer a fault took: it excuses fence 4 only.
+        let lost = AcquireAnswer::Unknown {
+            why: "connection reset".into(),
+        };
+        history
+            .records
+            .push(record("k", 1900, 2100, waited("d", lost)));
+        let found = violations(&history);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].contains("fence 5"), "{found:#?}");
+
+        // A waiter that left does not excuse one, unless a fault struck while it waited.
+        let mut history = with_store_history(vec![past(4, 2000, Some(12_000))]);
+        history.records.push(record(
+            "k",
+            1900,
+            2100,
+            waited("d", AcquireAnswer::Departed),
+        ));
+        assert_eq!(violations(&history).len(), 1);
+        history.faults.push(Fault {
+            from_us: 2_000_000,
+            until_us: 2_500_000,
+        });
+        assert_eq!(violations(&history), Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_acknowledged_fence_missing_from_the_store_history_is_caught() {
+        let mut history = with_store_history(vec![]);
+        history.lease_histories.get_mut("k").unwrap().remove(1); // fence 2
+        let found = violations(&history);
+        assert!(
+            found
+                .iter()
+                .any(|v| v.contains("fence 2 was acknowledged but is not in the store's history")),
+            "{found:#?}"
+        );
     }
 }

@@ -2,16 +2,19 @@
 //! behind them, workers that acquire, write with their fence, pause past their TTL and
 //! release, and faults injected all along; then a check of everything that was seen.
 //!
-//! Faults, in turn: `kill -9` of an instance (started again on its port once gone), the
-//! connections to PostgreSQL cut and restored (through the test kit's [`Proxy`]; there is no such
-//! connection with SQLite), and workers that pause past their TTL at random. The checks are
-//! in [`history`].
+//! Faults, in turn: `kill -9` of an instance (started again on its port once gone; one
+//! holding waiting requests when there is one), the connections to PostgreSQL cut and
+//! restored (through the test kit's [`Proxy`]; there is no such connection with SQLite), and
+//! workers that pause past their TTL at random. Some acquisitions wait (`wait_ms`), with a
+//! longer TTL, so that a grant nobody receives would keep its resource long enough to be
+//! seen; some of those waiters leave before their wait ends, closing their connection. The
+//! checks are in [`history`].
 
 pub mod history;
 mod instances;
 
-use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
 use std::net::{SocketAddr, ToSocketAddrs as _};
 use std::path::PathBuf;
@@ -30,8 +33,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use self::history::{
-    AcquireAnswer, History, InspectAnswer, Lease, LoggedWrite, Op, Record, ReleaseAnswer,
-    Violation, WriteAnswer,
+    AcquireAnswer, Fault, History, InspectAnswer, Lease, LoggedWrite, Op, PastLease, Record,
+    ReleaseAnswer, Violation, WriteAnswer,
 };
 use self::instances::Instance;
 use crate::app::DemoServer;
@@ -60,6 +63,17 @@ const TTL_SECONDS: u32 = 1;
 const PAUSE_CHANCE: f64 = 0.08;
 /// Chance that a worker's turn is an inspection instead of an acquisition.
 const INSPECT_CHANCE: f64 = 0.1;
+/// Chance that an acquisition waits for a held resource.
+const WAIT_CHANCE: f64 = 0.3;
+/// A waiting acquisition's `wait_ms`.
+const WAIT_MS: std::ops::Range<u32> = 500..8000;
+/// A waiting acquisition's TTL: well past [`history::UNDELIVERED_LIMIT`], so that a grant
+/// stranded with a dead or departed waiter is told apart from one that was undone.
+const WAITING_TTL_SECONDS: u32 = 10;
+/// Chance that a waiting client leaves before its wait ends (its request times out).
+const DEPART_CHANCE: f64 = 0.3;
+/// Chance that a kill picks an instance holding waiters, when one does.
+const KILL_WAITERS_CHANCE: f64 = 0.75;
 /// Longest a request may take; past it, its answer is unknown.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// Violations printed one by one; the rest are counted.
@@ -69,6 +83,8 @@ const SHOWN_VIOLATIONS: usize = 20;
 pub struct Summary {
     pub operations: usize,
     pub kills: u64,
+    /// Kills of an instance that held waiting requests.
+    pub kills_with_waiters: u64,
     pub cuts: u64,
     pub pauses: u64,
     pub stale_writes_rejected: usize,
@@ -170,9 +186,10 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
         );
     }
 
-    let start = Instant::now();
+    let (start, started_at) = (Instant::now(), Utc::now());
     let deadline = start + Duration::from_secs(options.seconds);
     let pauses = Rc::new(Cell::new(0_u64));
+    let waiting: Waiting = Rc::new(RefCell::new(HashMap::new()));
     // The workers, and the checker after the run: alike but for their number, their seed and
     // the pauses they count.
     let worker = |number: usize, seed: u64, pauses: Rc<Cell<u64>>| Worker {
@@ -184,6 +201,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
         resources: resources.clone(),
         start,
         pauses,
+        waiting: waiting.clone(),
         records: Vec::new(),
     };
     let mut workers = Vec::with_capacity(options.workers);
@@ -192,10 +210,11 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
         workers.push(actix_web::rt::spawn(worker.run(deadline)));
     }
 
-    let (kills, cuts) = inject_faults(
+    let faults = inject_faults(
         &mut servers,
         proxy.as_ref(),
         &http,
+        &waiting,
         StdRng::seed_from_u64(rng.random()),
         start,
         deadline,
@@ -214,12 +233,17 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
 
     let mut history = History {
         records,
-        write_logs: BTreeMap::new(),
+        faults: faults.spans,
+        started_at: Some(started_at),
+        ..History::default()
     };
     for resource in resources.iter() {
         let log = write_log(&http, &demo_url, resource).await?;
         history.write_logs.insert(resource.clone(), log);
+        let past = lease_history(&http, &lease_urls[0], resource).await?;
+        history.lease_histories.insert(resource.clone(), past);
     }
+    history.read_histories_us = micros_since(start);
     demo_handle.stop(true).await;
     for server in &mut servers {
         server.kill9();
@@ -232,16 +256,19 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
     }
     let summary = Summary {
         operations: history.records.len(),
-        kills,
-        cuts,
+        kills: faults.kills,
+        kills_with_waiters: faults.kills_with_waiters,
+        cuts: faults.cuts,
         pauses: pauses.get(),
         stale_writes_rejected: history.stale_writes_rejected(),
         violations: history.check(),
     };
     say!("{}", operations_line(&history.records));
+    say!("{}", waiting_line(&history.records));
     say!(
-        "chaos: faults: {} kill -9 (each instance restarted), {}, {} pauses past the TTL",
+        "chaos: faults: {} kill -9 (each instance restarted; {} of an instance holding waiters), {}, {} pauses past the TTL",
         summary.kills,
+        summary.kills_with_waiters,
         if options.database_url.is_some() {
             format!("{} connection cuts", summary.cuts)
         } else {
@@ -320,18 +347,32 @@ fn through_proxy(url: &str) -> anyhow::Result<(SocketAddr, impl Fn(SocketAddr) -
     }))
 }
 
-/// Kills and restarts instances, and cuts and restores the store's connections, in turn,
-/// until `deadline`; then leaves every instance running and the network whole. Returns how
-/// many kills and cuts there were.
+/// The faults a run injected.
+#[derive(Default)]
+struct Faults {
+    kills: u64,
+    kills_with_waiters: u64,
+    cuts: u64,
+    /// When each was in force, in the run's local time.
+    spans: Vec<Fault>,
+}
+
+/// How many requests wait on each lease-server instance right now, by its URL.
+type Waiting = Rc<RefCell<HashMap<String, usize>>>;
+
+/// Kills and restarts instances (preferring one that holds waiters), and cuts and restores
+/// the store's connections, in turn, until `deadline`; then leaves every instance running and
+/// the network whole.
 async fn inject_faults(
     servers: &mut [Instance],
     proxy: Option<&Proxy>,
     http: &reqwest::Client,
+    waiting: &Waiting,
     mut rng: StdRng,
     start: Instant,
     deadline: Instant,
-) -> anyhow::Result<(u64, u64)> {
-    let (mut kills, mut cuts) = (0, 0);
+) -> anyhow::Result<Faults> {
+    let mut faults = Faults::default();
     let mut turn = 0_u64;
     // A quiet start, so that the workers are in full swing before the first fault.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -340,25 +381,48 @@ async fn inject_faults(
         turn += 1;
         if let (true, Some(proxy)) = (cut_turn, proxy) {
             let down = Duration::from_millis(rng.random_range(200..1500));
+            let from_us = micros_since(start);
             proxy.cut();
             tokio::time::sleep(down).await;
             proxy.thaw();
-            cuts += 1;
+            faults.cuts += 1;
+            faults.spans.push(Fault {
+                from_us,
+                until_us: micros_since(start),
+            });
             say!(
                 "chaos: {:>6.2} s: store connections cut for {} ms",
                 secs(start),
                 down.as_millis()
             );
         } else {
-            let i = rng.random_range(0..servers.len());
+            let holding: Vec<usize> = {
+                let waiting = waiting.borrow();
+                (0..servers.len())
+                    .filter(|i| waiting.get(&servers[*i].url()).is_some_and(|n| *n > 0))
+                    .collect()
+            };
+            let i = if !holding.is_empty() && rng.random_bool(KILL_WAITERS_CHANCE) {
+                holding[rng.random_range(0..holding.len())]
+            } else {
+                rng.random_range(0..servers.len())
+            };
             let server = &mut servers[i];
+            let from_us = micros_since(start);
             server.kill9();
+            if holding.contains(&i) {
+                faults.kills_with_waiters += 1;
+            }
             let down = Duration::from_millis(rng.random_range(100..1000));
             tokio::time::sleep(down).await;
             let restarted = Instant::now();
             server.start()?;
             server.wait_ready(http).await?;
-            kills += 1;
+            faults.kills += 1;
+            faults.spans.push(Fault {
+                from_us,
+                until_us: micros_since(start),
+            });
             say!(
                 "chaos: {:>6.2} s: instance {i} (port {}) killed with SIGKILL, down {} ms, ready again after {} ms",
                 secs(start),
@@ -374,7 +438,12 @@ async fn inject_faults(
         server.start()?;
         server.wait_ready(http).await?;
     }
-    Ok((kills, cuts))
+    Ok(faults)
+}
+
+/// Local time since `start`, in microseconds, as the records count it.
+fn micros_since(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 fn secs(start: Instant) -> f64 {
@@ -390,7 +459,15 @@ struct Worker {
     resources: Rc<Vec<String>>,
     start: Instant,
     pauses: Rc<Cell<u64>>,
+    waiting: Waiting,
     records: Vec<Record>,
+}
+
+/// How an acquisition waits: its `wait_ms`, and when its client leaves, if before then.
+#[derive(Clone, Copy)]
+struct Wait {
+    wait_ms: u32,
+    depart_after: Option<Duration>,
 }
 
 impl Worker {
@@ -404,12 +481,25 @@ impl Worker {
                 continue;
             }
             let owner = format!("w{}-{attempt}", self.number);
-            let first = attempt == 0;
+            // Worker 0 pauses on its first lease, so that every run has a pause; until then
+            // it does not wait, so that the lease has the short TTL.
+            let pauses_now = self.number == 0 && self.pauses.get() == 0;
             attempt += 1;
             let server = self.pick(&self.lease_urls.clone());
-            let lease = match self.acquire(&server, &resource, &owner).await {
+            let wait = (!pauses_now && self.rng.random_bool(WAIT_CHANCE)).then(|| {
+                let wait_ms = self.rng.random_range(WAIT_MS);
+                let depart_after = self
+                    .rng
+                    .random_bool(DEPART_CHANCE)
+                    .then(|| Duration::from_millis(self.rng.random_range(50..u64::from(wait_ms))));
+                Wait {
+                    wait_ms,
+                    depart_after,
+                }
+            });
+            let lease = match self.acquire(&server, &resource, &owner, wait).await {
                 AcquireAnswer::Acquired(lease) => lease,
-                AcquireAnswer::Held => {
+                AcquireAnswer::Held | AcquireAnswer::Departed => {
                     self.nap(5..30).await;
                     continue;
                 }
@@ -418,8 +508,8 @@ impl Worker {
                     continue;
                 }
             };
-            // Worker 0 pauses on its first lease, so that every run has a pause.
-            if (first && self.number == 0) || self.rng.random_bool(PAUSE_CHANCE) {
+            // A waiter's lease is not paused on: its TTL is long, and so would the pause be.
+            if pauses_now || (wait.is_none() && self.rng.random_bool(PAUSE_CHANCE)) {
                 self.pauses.set(self.pauses.get() + 1);
                 let past = self.rng.random_range(100..500);
                 tokio::time::sleep(
@@ -451,7 +541,7 @@ impl Worker {
             loop {
                 tries += 1;
                 let owner = format!("final-{}-{tries}", self.records.len());
-                match self.acquire(server, &probe, &owner).await {
+                match self.acquire(server, &probe, &owner, None).await {
                     AcquireAnswer::Acquired(lease) => {
                         self.release(server, &probe, &owner, lease.fence).await;
                         break;
@@ -474,7 +564,7 @@ impl Worker {
     }
 
     fn now(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
+        micros_since(self.start)
     }
 
     /// Sends `request`: when it was sent (for its record), and what came back.
@@ -496,11 +586,38 @@ impl Worker {
         });
     }
 
-    async fn acquire(&mut self, server: &str, resource: &str, owner: &str) -> AcquireAnswer {
-        let request = self.http.post(format!("{server}/locks/{resource}"));
-        let body = json!({"owner": owner, "ttl_seconds": TTL_SECONDS});
+    async fn acquire(
+        &mut self,
+        server: &str,
+        resource: &str,
+        owner: &str,
+        wait: Option<Wait>,
+    ) -> AcquireAnswer {
+        let mut request = self.http.post(format!("{server}/locks/{resource}"));
+        let (ttl_seconds, wait_ms) = match wait {
+            Some(wait) => (WAITING_TTL_SECONDS, wait.wait_ms),
+            None => (TTL_SECONDS, 0),
+        };
+        let departs = wait.and_then(|w| w.depart_after);
+        if let Some(after) = departs {
+            request = request.timeout(after);
+        }
+        let body = json!({"owner": owner, "ttl_seconds": ttl_seconds, "wait_ms": wait_ms});
+        if wait.is_some() {
+            *self
+                .waiting
+                .borrow_mut()
+                .entry(server.to_owned())
+                .or_default() += 1;
+        }
         let (sent, answer) = self.send(request.json(&body)).await;
+        if wait.is_some() {
+            if let Some(n) = self.waiting.borrow_mut().get_mut(server) {
+                *n = n.saturating_sub(1);
+            }
+        }
         let answer = match answer {
+            Err(e) if departs.is_some() && e.is_timeout() => AcquireAnswer::Departed,
             Ok(response) if response.status() == StatusCode::OK => {
                 match response.json::<Value>().await {
                     Ok(body) if body["acquired"] == json!(true) => match lease_of(&body["lock"]) {
@@ -512,7 +629,16 @@ impl Worker {
                     Err(e) => unknown(e),
                 }
             }
-            Ok(response) => unknown(response.status()),
+            Ok(response) => {
+                // The problem's detail says which failure it was, for the history file.
+                let status = response.status();
+                let detail = response.json::<Value>().await.ok();
+                let detail = detail.as_ref().and_then(|b| b["detail"].as_str());
+                unknown(format!(
+                    "{status}: {}",
+                    detail.unwrap_or("no problem detail")
+                ))
+            }
             Err(e) => unknown(e),
         };
         self.record(
@@ -520,7 +646,8 @@ impl Worker {
             sent,
             Op::Acquire {
                 owner: owner.to_owned(),
-                ttl_seconds: TTL_SECONDS,
+                ttl_seconds,
+                wait_ms,
                 answer: answer.clone(),
             },
         );
@@ -630,6 +757,42 @@ fn lease_of(lock: &Value) -> Option<Lease> {
     })
 }
 
+/// The store's history of `resource` (its newest leases, as many as one page holds).
+async fn lease_history(
+    http: &reqwest::Client,
+    lease_url: &str,
+    resource: &str,
+) -> anyhow::Result<Vec<PastLease>> {
+    let page: Value = http
+        .get(format!("{lease_url}/locks/{resource}/history?limit=1000"))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let time = |lease: &Value, field: &str| {
+        lease[field]
+            .as_str()
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&Utc))
+    };
+    page["leases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|lease| {
+            Ok(PastLease {
+                fence: lease["fence"]
+                    .as_i64()
+                    .context("a past lease without a fence")?,
+                acquired_at: time(lease, "acquired_at")
+                    .context("a past lease without acquired_at")?,
+                ended_at: time(lease, "ended_at"),
+            })
+        })
+        .collect()
+}
+
 /// The demo store's whole write log of `key`, page by page.
 async fn write_log(
     http: &reqwest::Client,
@@ -673,6 +836,36 @@ fn write_history(path: &std::path::Path, records: &[Record]) -> anyhow::Result<(
     Ok(())
 }
 
+/// What the waiting acquisitions came to.
+fn waiting_line(records: &[Record]) -> String {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in records {
+        if let Op::Acquire {
+            wait_ms: 1..,
+            answer,
+            ..
+        } = &r.op
+        {
+            let name = match answer {
+                AcquireAnswer::Acquired(_) => "acquired",
+                AcquireAnswer::Held => "held",
+                AcquireAnswer::Unknown { .. } => "unknown",
+                AcquireAnswer::Departed => "departed",
+            };
+            *counts.entry(name).or_default() += 1;
+        }
+    }
+    let count = |name| counts.get(name).copied().unwrap_or(0);
+    format!(
+        "chaos: waiting: {} waited acquisitions ({} acquired, {} held, {} unknown), {} waiters departed",
+        counts.values().sum::<usize>(),
+        count("acquired"),
+        count("held"),
+        count("unknown"),
+        count("departed")
+    )
+}
+
 /// How many requests of each kind, by answer: named as the history file (`--history-out`)
 /// names them, by their `op` and their answer's `answer`.
 fn operations_line(records: &[Record]) -> String {
@@ -713,6 +906,7 @@ mod tests {
         let acquire = |answer| Op::Acquire {
             owner: "a".to_owned(),
             ttl_seconds: 1,
+            wait_ms: 0,
             answer,
         };
         let write = |answer| Op::Write {
