@@ -611,10 +611,10 @@ impl Worker {
                 .or_default() += 1;
         }
         let (sent, answer) = self.send(request.json(&body)).await;
-        if wait.is_some() {
-            if let Some(n) = self.waiting.borrow_mut().get_mut(server) {
-                *n = n.saturating_sub(1);
-            }
+        if wait.is_some()
+            && let Some(n) = self.waiting.borrow_mut().get_mut(server)
+        {
+            *n = n.saturating_sub(1);
         }
         let answer = match answer {
             Err(e) if departs.is_some() && e.is_timeout() => AcquireAnswer::Departed,
