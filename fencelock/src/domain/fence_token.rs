@@ -244,6 +244,26 @@ mod tests {
     }
 
     #[test]
+    fn a_fence_is_only_accepted_in_its_canonical_spelling() {
+        let k = key(1);
+        let keys = FenceKeys::new(vec![k.clone()]);
+        let token = k.sign("r", fence(1));
+        let signature = token.strip_prefix("1.").unwrap();
+        assert_eq!(keys.verify("r", &token), Ok(fence(1)));
+        for spelling in ["01", "001", "+1"] {
+            let respelled = format!("{spelling}.{signature}");
+            assert_eq!(
+                keys.verify("r", &respelled),
+                Err(TokenError::Malformed),
+                "{respelled}"
+            );
+            assert_eq!(unverified_fence(&respelled), None, "{respelled}");
+            assert_eq!(unverified_fence(spelling), None, "{spelling}");
+            assert!(keys.verify("r", spelling).is_err(), "{spelling}");
+        }
+    }
+
+    #[test]
     fn keys_are_at_least_32_bytes_and_never_shown() {
         assert!(FenceKey::from_bytes(vec![0; 31]).is_none());
         let k = FenceKey::from_bytes(vec![0xab; 32]).unwrap();
