@@ -26,12 +26,10 @@ pub struct FenceKey(Vec<u8>);
 
 #[derive(Debug, thiserror::Error)]
 pub enum FenceKeyError {
-    #[error("fence key file {path}: {source}")]
-    Unreadable {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    // The OS error is part of the message and deliberately not the error's `source`: an
+    // error chain printed in full (`{:#}`, as start-up does) would say it twice.
+    #[error("fence key file {path}: {cause}")]
+    Unreadable { path: String, cause: std::io::Error },
     #[error(
         "fence key file {path}: {len} bytes, at least {MIN_KEY_BYTES} are needed (make one with `head -c 32 /dev/urandom > FILE`)"
     )]
@@ -48,9 +46,9 @@ impl FenceKey {
     /// is an error naming the file.
     pub fn read(path: &Path) -> Result<Self, FenceKeyError> {
         let shown = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|source| FenceKeyError::Unreadable {
+        let bytes = std::fs::read(path).map_err(|cause| FenceKeyError::Unreadable {
             path: shown.clone(),
-            source,
+            cause,
         })?;
         let len = bytes.len();
         Self::from_bytes(bytes).ok_or(FenceKeyError::TooShort { path: shown, len })
