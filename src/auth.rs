@@ -247,6 +247,7 @@ impl Auth {
     /// [`Self::reload`], logged: the new token count at INFO, a bad file at ERROR.
     pub fn reload_logged(&self) {
         match self.reload() {
+            Ok(0) => warn_no_tokens(&self.path),
             Ok(tokens) => tracing::info!(tokens, path = %self.path.display(), "auth file reloaded"),
             Err(e) => tracing::error!(
                 error = %format!("{e:#}"),
@@ -254,6 +255,16 @@ impl Auth {
             ),
         }
     }
+}
+
+/// An auth file without tokens is valid (emptying it and sending `SIGHUP` revokes every
+/// token at once), but it is not what an operator usually means: said at WARN, at start and
+/// on every reload that finds it so.
+pub(crate) fn warn_no_tokens(path: &Path) {
+    tracing::warn!(
+        path = %path.display(),
+        "the auth file lists no tokens: every lock request will be refused (401)"
+    );
 }
 
 /// A fresh secret and the auth file block for it, as `fencelock token new NAME` prints them.

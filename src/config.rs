@@ -15,6 +15,8 @@
 //! | `--store-timeout-ms` | `FENCELOCK_STORE_TIMEOUT_MS` | `5000` |
 //! | `--request-timeout-ms` | `FENCELOCK_REQUEST_TIMEOUT_MS` | `10000` |
 //! | `--max-connections` | `FENCELOCK_MAX_CONNECTIONS` | the open-file limit less a reserve |
+//! | `--max-connections-per-peer` | `FENCELOCK_MAX_CONNECTIONS_PER_PEER` | a quarter of `--max-connections`, at least 64 (`0`: no cap) |
+//! | `--migration-lock-timeout-seconds` | `FENCELOCK_MIGRATION_LOCK_TIMEOUT_SECONDS` | `60` |
 //! | `--live-leases-interval-seconds` | `FENCELOCK_LIVE_LEASES_INTERVAL_SECONDS` | `10` (1 to 15) |
 //! | `--auth-file` | `FENCELOCK_AUTH_FILE` | unset: no tokens checked |
 //! | `--allow-unauthenticated` | `FENCELOCK_ALLOW_UNAUTHENTICATED` | off |
@@ -31,6 +33,16 @@
 //! the PEM certificate chain and private key they name (see [`crate::tls`]); one alone is
 //! refused at start. TLS to PostgreSQL is set in `DATABASE_URL` (`sslmode`, `sslrootcert`;
 //! see [`crate::store::postgres::tls`]).
+//!
+//! `--max-connections-per-peer` caps the connections of one client IP address (see
+//! `startup::PeerCap`), so that one client cannot take every connection; behind a proxy or a
+//! load balancer that connects from one address, every client is that one peer: give `0`
+//! there (no cap) and let the proxy limit its clients.
+//!
+//! `--migration-lock-timeout-seconds` bounds how long PostgreSQL migrations wait for the
+//! migration lock that another session holds (another instance migrating, or a session that
+//! kept it); the wait is logged with the holder, the server answers `503` meanwhile, and
+//! past the bound start-up stops with one line. `0`: one attempt.
 //!
 //! `--live-leases-interval-seconds` is how often the live leases are counted for the
 //! `fencelock_live_leases` gauge of `GET /metrics`; at most 15, as API.md promises.
@@ -52,7 +64,10 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::auth::Auth;
-pub(crate) use crate::store::{DEFAULT_PG_BATCH_MAX, DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS};
+pub(crate) use crate::store::{
+    DEFAULT_MIGRATION_LOCK_TIMEOUT_SECONDS, DEFAULT_PG_BATCH_MAX, DEFAULT_POOL_SIZE,
+    DEFAULT_STORE_TIMEOUT_MS,
+};
 use crate::store::{StoreConfig, StoreOptions};
 use fencelock::domain::ttl::{DEFAULT_MAX_TTL_SECONDS, TTL_CEILING_SECONDS};
 use fencelock::domain::wait::{DEFAULT_MAX_WAIT_MS, WAIT_CEILING_MS};
@@ -315,6 +330,23 @@ pub struct ServerArgs {
     )]
     pub max_connections: Option<u64>,
 
+    /// Most open connections from one client IP address; one more is closed at once. Default:
+    /// a quarter of --max-connections, at least 64. 0: no cap (behind a proxy, every client
+    /// is the proxy's address).
+    #[arg(long, env = "FENCELOCK_MAX_CONNECTIONS_PER_PEER", global = true)]
+    pub max_connections_per_peer: Option<u64>,
+
+    /// Longest PostgreSQL migrations wait for a migration lock another session holds (logged
+    /// with the holder; 503 meanwhile); start-up then stops. 0: one attempt.
+    #[arg(
+        long,
+        env = "FENCELOCK_MIGRATION_LOCK_TIMEOUT_SECONDS",
+        default_value_t = DEFAULT_MIGRATION_LOCK_TIMEOUT_SECONDS,
+        value_parser = clap::value_parser!(u64).range(0..=86_400),
+        global = true
+    )]
+    pub migration_lock_timeout_seconds: u64,
+
     /// How often live leases are counted for the `fencelock_live_leases` metric.
     #[arg(
         long,
@@ -398,6 +430,11 @@ pub struct Settings {
     pub request_timeout: Duration,
     /// `None`: derived from the open-file limit at start (see `startup`).
     pub max_connections: Option<u64>,
+    /// Most connections of one client IP address: `None`, derived from the total cap (see
+    /// `startup`); `Some(0)`: no cap.
+    pub max_connections_per_peer: Option<u64>,
+    /// Longest PostgreSQL migrations wait for another session's migration lock.
+    pub migration_lock_timeout: Duration,
     /// How often the `fencelock_live_leases` gauge is sampled.
     pub live_leases_interval: Duration,
     /// The bearer tokens, when `--auth-file` is given; `None`: nothing is checked.
@@ -417,6 +454,7 @@ impl Settings {
             pool_size: self.pool_size,
             timeout: self.store_timeout,
             batch_max: self.pg_batch_max,
+            migration_lock_timeout: self.migration_lock_timeout,
         }
     }
 
@@ -436,6 +474,8 @@ impl Settings {
             store_timeout: Duration::from_millis(args.store_timeout_ms),
             request_timeout: Duration::from_millis(args.request_timeout_ms),
             max_connections: args.max_connections,
+            max_connections_per_peer: args.max_connections_per_peer,
+            migration_lock_timeout: Duration::from_secs(args.migration_lock_timeout_seconds),
             live_leases_interval: Duration::from_secs(args.live_leases_interval_seconds),
             auth: args
                 .auth_file
@@ -475,6 +515,8 @@ impl Settings {
             store_timeout: Duration::from_millis(DEFAULT_STORE_TIMEOUT_MS),
             request_timeout: Duration::from_millis(DEFAULT_REQUEST_TIMEOUT_MS),
             max_connections: None,
+            max_connections_per_peer: None,
+            migration_lock_timeout: Duration::from_secs(DEFAULT_MIGRATION_LOCK_TIMEOUT_SECONDS),
             live_leases_interval: Duration::from_secs(DEFAULT_LIVE_LEASES_INTERVAL_SECONDS),
             auth: None,
             allow_unauthenticated: false,

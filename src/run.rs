@@ -7,7 +7,7 @@ use clap::error::ErrorKind;
 
 use crate::config::{Cli, Command, Settings, TokenCommand};
 use crate::startup::{self, Application};
-use crate::store::{self, StoreConfig};
+use crate::store;
 use crate::{lock_command, shutdown, telemetry};
 
 /// The `fencelock` command: parses its arguments, then serves, migrates, checks, makes a
@@ -103,12 +103,9 @@ async fn check(settings: Settings) -> anyhow::Result<()> {
 }
 
 async fn migrate(settings: Settings) -> anyhow::Result<()> {
-    let store = store::open(&settings.store, settings.store_options()).await?;
-    if let StoreConfig::Postgres(_) = settings.store {
-        // open() tolerates an unreachable database; an explicit migrate must not.
-        store.ping().await?;
-    }
-    tracing::info!(store = %store.describe(), "migrations applied");
+    let opened = store::open(&settings.store, settings.store_options()).await?;
+    opened.migrate().await?;
+    tracing::info!(store = %opened.store.describe(), "migrations applied");
     Ok(())
 }
 

@@ -4,7 +4,7 @@ use std::net::TcpListener;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
-use actix_web::dev::{Server, ServerHandle};
+use actix_web::dev::{Extensions, ServerHandle};
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
@@ -81,35 +81,207 @@ pub(crate) fn check_exposure(settings: &Settings) -> anyhow::Result<bool> {
     Ok(exposed)
 }
 
-/// See `client_disconnect_timeout` in [`Application::with_store`].
+/// See `client_disconnect_timeout` in [`Application::serve`].
 const DISCONNECT_LINGER: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The per-peer cap when `--max-connections-per-peer` is not given: a quarter of the total
+/// cap, so that at least four clients are needed to take every connection, but never fewer
+/// than this (or the total, if it is smaller): a small total cap is a small deployment or a
+/// test, where a quarter of it would refuse a single client's ordinary pool.
+const MIN_DEFAULT_PER_PEER: u64 = 64;
+
+/// The per-peer cap in force for a total cap of `total`; `None`: none.
+pub(crate) fn per_peer_cap(requested: Option<u64>, total: u64) -> Option<u64> {
+    match requested {
+        Some(0) => None,
+        Some(cap) => Some(cap),
+        None => Some((total / 4).max(MIN_DEFAULT_PER_PEER.min(total))),
+    }
+}
+
+/// The connections of each client address (`--max-connections-per-peer`), counted across
+/// all workers.
+///
+/// The total cap (actix's `max_connections`) stops accepting while it is reached: one client
+/// that opens thousands of slow connections would keep every other client in the listen
+/// backlog until it lets go. So each connection is counted under its peer's IP address as it
+/// starts (before its first byte is read), and one over its peer's cap is closed at once: it
+/// cannot be kept waiting like the total cap's, which would hold a slot of that cap. Every
+/// address is a peer, loopback included; behind a proxy every client is the proxy's address.
+pub(crate) struct PeerCap {
+    cap: usize,
+    open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+    /// Connections closed over the cap since the last WARN line.
+    refused: std::sync::atomic::AtomicU64,
+    last_report: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// A connection counted under its peer; dropped (with the connection) it is not any more.
+struct PeerSlot {
+    cap: Arc<PeerCap>,
+    peer: std::net::IpAddr,
+}
+
+/// Refused connections are logged at most this often (a flood would otherwise be a line per
+/// connection).
+const PEER_REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl PeerCap {
+    fn new(cap: u64) -> Arc<Self> {
+        Arc::new(Self {
+            cap: usize::try_from(cap).unwrap_or(usize::MAX),
+            open: std::sync::Mutex::default(),
+            refused: std::sync::atomic::AtomicU64::new(0),
+            last_report: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Counts a connection of `peer`, or `None` if `peer` has its cap of them open already.
+    fn admit(self: &Arc<Self>, peer: std::net::IpAddr) -> Option<PeerSlot> {
+        let peer = peer.to_canonical();
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = open.entry(peer).or_default();
+        if *count >= self.cap {
+            drop(open);
+            self.report_refused(peer);
+            return None;
+        }
+        *count += 1;
+        Some(PeerSlot {
+            cap: self.clone(),
+            peer,
+        })
+    }
+
+    fn report_refused(&self, peer: std::net::IpAddr) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let refused = self.refused.fetch_add(1, Relaxed) + 1;
+        let mut last = self
+            .last_report
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.is_none_or(|at| at.elapsed() >= PEER_REPORT_EVERY) {
+            *last = Some(std::time::Instant::now());
+            self.refused.store(0, Relaxed);
+            tracing::warn!(
+                peer = %peer,
+                max_connections_per_peer = self.cap,
+                refused,
+                "connections closed at once: their client address has --max-connections-per-peer open already"
+            );
+        }
+    }
+
+    /// The `on_connect` hook: counts the connection in its `Extensions` (which live as long
+    /// as the connection), or shuts the socket down at once.
+    fn on_connect(self: &Arc<Self>, io: &dyn std::any::Any, extensions: &mut Extensions) {
+        use actix_web::rt::net::TcpStream;
+        type Tls = actix_tls::accept::rustls_0_23::TlsStream<TcpStream>;
+        let stream = match io.downcast_ref::<TcpStream>() {
+            Some(stream) => stream,
+            None => match io.downcast_ref::<Tls>() {
+                Some(tls) => tls.get_ref().0,
+                None => return,
+            },
+        };
+        let Ok(peer) = stream.peer_addr() else {
+            // Gone already.
+            return;
+        };
+        match self.admit(peer.ip()) {
+            Some(slot) => {
+                extensions.insert(slot);
+            }
+            None => {
+                // The dispatcher then reads the end of the stream and drops the connection
+                // without a word: nothing of the request has been read to answer.
+                let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self
+            .cap
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.peer);
+            }
+        }
+    }
+}
 
 /// A bound, configured server that has not started serving yet.
 pub struct Application {
     port: u16,
-    server: Server,
+    /// The HTTP server, running since it was bound; ends when stopped through its handle.
+    serving: actix_web::rt::task::JoinHandle<std::io::Result<()>>,
+    handle: ServerHandle,
     store: SharedStore,
     purge: Chore,
     live: Chore,
     auth: Option<Arc<Auth>>,
 }
 
+/// The HTTP server, serving on a store that may not be ready yet (see
+/// [`Application::build`]).
+struct Serving {
+    port: u16,
+    serving: actix_web::rt::task::JoinHandle<std::io::Result<()>>,
+    handle: ServerHandle,
+    store: SharedStore,
+    address: std::net::SocketAddr,
+    max_connections: usize,
+    max_connections_per_peer: Option<u64>,
+    live_leases: prometheus::IntGauge,
+    /// Serving without tokens on an address other than loopback, as asked for.
+    exposed: bool,
+}
+
 impl Application {
-    /// Opens the store named by the settings (applying migrations) and binds the listener.
+    /// Opens the store named by the settings, binds the listener and serves, then applies
+    /// the store's migrations; returns once they are applied, or given up on for now.
     /// Port 0 picks a free port; [`Application::port`] tells which.
+    ///
+    /// The listener serves from the start: while PostgreSQL's migrations wait for the
+    /// database or for another session's migration lock, `/healthz` answers `200`, `/readyz`
+    /// and the lock routes `503` (the wait is logged, and bounded by the migration lock
+    /// timeout, past which start-up fails).
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         // A cap the open-file limit cannot carry, or a server open to anyone without being
         // told so, stops start-up before anything is opened.
         check_exposure(&settings)?;
         connection_cap(settings.max_connections, settings.pool_size)?;
-        let store = store::open(&settings.store, settings.store_options()).await?;
-        Self::with_store(settings, store)
+        let opened = store::open(&settings.store, settings.store_options()).await?;
+        let serving = Self::serve(&settings, opened.store.clone())?;
+        if let Err(e) = opened.prepare().await {
+            serving.handle.stop(false).await;
+            let _ = serving.serving.await;
+            return Err(e);
+        }
+        Ok(Self::ready(settings, serving))
     }
 
-    /// Like [`Application::build`], with a store opened by the caller.
+    /// Like [`Application::build`], with a store opened (and migrated) by the caller.
     ///
     /// The app's metrics live in a registry of its own (see [`fencelock::metrics`]).
     pub fn with_store(settings: Settings, store: SharedStore) -> anyhow::Result<Self> {
+        let serving = Self::serve(&settings, store)?;
+        Ok(Self::ready(settings, serving))
+    }
+
+    /// Binds the listener and starts serving on `store`.
+    fn serve(settings: &Settings, store: SharedStore) -> anyhow::Result<Serving> {
+        let exposed = check_exposure(settings)?;
         let registry = Registry::new();
         let store_kind = match settings.store {
             StoreConfig::Postgres(_) => label::store::POSTGRES,
@@ -131,29 +303,13 @@ impl Application {
 
         let cap = connection_cap(settings.max_connections, settings.pool_size)?;
         let (workers, per_worker) = split_connections(cap);
+        let max_connections = workers * per_worker;
+        let max_connections_per_peer =
+            per_peer_cap(settings.max_connections_per_peer, max_connections as u64);
         let listener = TcpListener::bind(settings.bind)
             .with_context(|| format!("binding {}", settings.bind))?;
-        let port = listener.local_addr()?.port();
-        tracing::info!(
-            store = %store.describe(),
-            address = %listener.local_addr()?,
-            tls = settings.tls.is_some(),
-            max_connections = workers * per_worker,
-            "fencelock serving"
-        );
-        if check_exposure(&settings)? {
-            tracing::warn!(
-                address = %settings.bind,
-                "serving without authentication on an address other than loopback (--allow-unauthenticated): anyone who can reach it may take and release any lease"
-            );
-        }
-        if let Some(auth) = &settings.auth {
-            tracing::info!(
-                tokens = auth.tokens().len(),
-                path = %auth.path().display(),
-                "bearer tokens required on the lock routes"
-            );
-        }
+        let address = listener.local_addr()?;
+        tracing::info!(address = %address, "fencelock listening");
 
         let state = web::Data::new(AppState {
             store: store.clone(),
@@ -197,6 +353,14 @@ impl Application {
         .h1_allow_half_closed(false)
         .workers(workers)
         .max_connections(per_worker);
+        // Must come before the listener is given to the server (actix captures it then).
+        let server = match max_connections_per_peer {
+            Some(cap) => {
+                let peers = PeerCap::new(cap);
+                server.on_connect(move |io, extensions| peers.on_connect(io, extensions))
+            }
+            None => server,
+        };
         // Over TLS the same limits apply; the handshake has actix's own bound (3 s), after
         // which the head timer above starts.
         let server = match &settings.tls {
@@ -204,21 +368,72 @@ impl Application {
             None => server.listen(listener)?,
         }
         .run();
+        let handle = server.handle();
+        // actix's server starts accepting only once polled: from now on, not when the caller
+        // gets to `run_until_stopped`.
+        let serving = actix_web::rt::spawn(server);
+        Ok(Serving {
+            port: address.port(),
+            serving,
+            handle,
+            store,
+            address,
+            max_connections,
+            max_connections_per_peer,
+            live_leases,
+            exposed,
+        })
+    }
 
+    /// The store is ready (or given up on for now, serving `503`): says so, and starts the
+    /// chores.
+    fn ready(settings: Settings, serving: Serving) -> Self {
+        let store = serving.store;
+        tracing::info!(
+            store = %store.describe(),
+            address = %serving.address,
+            tls = settings.tls.is_some(),
+            max_connections = serving.max_connections,
+            max_connections_per_peer = serving.max_connections_per_peer.unwrap_or(0),
+            "fencelock serving"
+        );
+        if serving.exposed {
+            tracing::warn!(
+                address = %settings.bind,
+                "serving without authentication on an address other than loopback (--allow-unauthenticated): anyone who can reach it may take and release any lease"
+            );
+        }
+        if let Some(auth) = &settings.auth {
+            let tokens = auth.tokens().len();
+            if tokens == 0 {
+                crate::auth::warn_no_tokens(auth.path());
+            } else {
+                tracing::info!(
+                    tokens,
+                    path = %auth.path().display(),
+                    "bearer tokens required on the lock routes"
+                );
+            }
+        }
         let keep = Keep {
             grace: settings.purge_grace,
             history: settings.history_retention,
         };
         let purge = Purge::start(store.clone(), keep, settings.purge_interval);
-        let live = LiveLeases::start(store.clone(), live_leases, settings.live_leases_interval);
-        Ok(Self {
-            port,
-            server,
+        let live = LiveLeases::start(
+            store.clone(),
+            serving.live_leases,
+            settings.live_leases_interval,
+        );
+        Self {
+            port: serving.port,
+            serving: serving.serving,
+            handle: serving.handle,
             store,
             purge,
             live,
             auth: settings.auth,
-        })
+        }
     }
 
     /// The bearer tokens in force, when `--auth-file` is given; `main` reloads them on
@@ -233,7 +448,7 @@ impl Application {
 
     /// Stops the server; `stop(true)` lets in-flight requests finish.
     pub fn handle(&self) -> ServerHandle {
-        self.server.handle()
+        self.handle.clone()
     }
 
     pub fn store(&self) -> SharedStore {
@@ -243,11 +458,13 @@ impl Application {
     /// Serves until the server is stopped through its handle, then stops the purge and the
     /// live-lease count.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let served = self.server.await;
+        let served = self.serving.await;
         self.purge.stop().await;
         self.live.stop().await;
         tracing::info!("fencelock stopped");
-        served.context("serving HTTP")
+        served
+            .context("the HTTP server's task")?
+            .context("serving HTTP")
     }
 }
 
@@ -265,6 +482,15 @@ mod tests {
         let refused = connection_cap(Some(room + 1), 16).unwrap_err().to_string();
         assert!(refused.contains("--max-connections"), "{refused}");
         assert!(!refused.contains('\n'), "{refused}");
+    }
+
+    #[test]
+    fn the_per_peer_cap_is_a_quarter_of_the_total_but_not_tiny() {
+        assert_eq!(per_peer_cap(None, 10_000), Some(2_500));
+        assert_eq!(per_peer_cap(None, 100), Some(64));
+        assert_eq!(per_peer_cap(None, 2), Some(2));
+        assert_eq!(per_peer_cap(Some(0), 10_000), None);
+        assert_eq!(per_peer_cap(Some(7), 10_000), Some(7));
     }
 
     #[test]

@@ -267,7 +267,8 @@ async fn keys_are_guarded_separately(kind: StoreKind) {
     store.put_applied("b", "1", &json!(2)).await;
 }
 
-/// Missing header: `428`; anything but a positive integer: `400`.
+/// Missing header: `428`; anything but a positive integer in canonical decimal (no sign, no
+/// leading zero): `400`.
 async fn fencing_token_is_required_and_checked(kind: StoreKind) {
     let store = TestStore::spawn(kind, Guarding::On).await;
     problem(
@@ -276,7 +277,17 @@ async fn fencing_token_is_required_and_checked(kind: StoreKind) {
         "fencing-token-required",
     )
     .await;
-    for bad in ["abc", "0", "-5", "1.5", "", "9007199254740992"] {
+    for bad in [
+        "abc",
+        "0",
+        "-5",
+        "1.5",
+        "",
+        "9007199254740992",
+        "01",
+        "+1",
+        "0100",
+    ] {
         problem(
             store.put("doc:1", Some(bad), &json!(1)).await,
             400,
@@ -585,8 +596,9 @@ fn random_key() -> FenceKey {
 }
 
 /// A store with the lease server's key takes the holder's `fence_token`, and refuses with
-/// `403 invalid-fence-token` a bare fence (even the largest), a forged token and a token of
-/// another resource, writing nothing and logging nothing.
+/// `403 invalid-fence-token` a bare fence (even the largest), a forged token, a token of
+/// another resource and the holder's token with its fence respelled (`01.` for `1.`), writing
+/// nothing and logging nothing.
 async fn with_keys_only_the_holders_signed_token_writes(kind: StoreKind) {
     let key = random_key();
     let signing = key.clone();
@@ -615,6 +627,9 @@ async fn with_keys_only_the_holders_signed_token_writes(kind: StoreKind) {
         other["fence_token"].as_str().unwrap().to_owned(),
         key.sign("doc:2", fence),
         format!("{}.{}", fence.get() + 1, token.split_once('.').unwrap().1),
+        // The holder's own token with its fence respelled: the signature covers only the
+        // canonical spelling.
+        format!("0{token}"),
     ] {
         let response = store.put("doc:1", Some(&refused), &json!("forged")).await;
         let body = problem(response, 403, "invalid-fence-token").await;
@@ -633,7 +648,7 @@ async fn with_keys_only_the_holders_signed_token_writes(kind: StoreKind) {
     let text = store.get("/metrics").await.text().await.unwrap();
     let metrics = Exposition::parse(&text);
     let writes = |outcome| metrics.value("fencelock_guard_writes_total", &[("outcome", outcome)]);
-    assert_eq!(writes("invalid_token"), 6.0, "{text}");
+    assert_eq!(writes("invalid_token"), 7.0, "{text}");
     assert_eq!(writes("admitted"), 2.0, "{text}");
     assert_eq!(writes("stale"), 0.0, "{text}");
 }

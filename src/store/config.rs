@@ -12,6 +12,10 @@ pub(super) const DEFAULT_SQLITE_FILE: &str = "fencelock.db";
 pub const DEFAULT_POOL_SIZE: u16 = 16;
 pub const DEFAULT_STORE_TIMEOUT_MS: u64 = 5000;
 pub(crate) const DEFAULT_PG_BATCH_MAX: u16 = 64;
+/// How long a migration waits for another session's migration lock by default: far longer
+/// than migrating takes (a fresh database: well under a second), far shorter than an
+/// operator would wait for a start that says nothing.
+pub(crate) const DEFAULT_MIGRATION_LOCK_TIMEOUT_SECONDS: u64 = 60;
 
 /// Which store to open.
 #[derive(Clone)]
@@ -67,6 +71,8 @@ pub struct StoreOptions {
     /// Most requests PostgreSQL decides in one statement and commit (group commit); 1: each
     /// request alone.
     pub batch_max: usize,
+    /// Longest PostgreSQL migrations wait for another session's migration lock.
+    pub migration_lock_timeout: Duration,
 }
 
 impl Default for StoreOptions {
@@ -75,6 +81,7 @@ impl Default for StoreOptions {
             pool_size: usize::from(DEFAULT_POOL_SIZE),
             timeout: Duration::from_millis(DEFAULT_STORE_TIMEOUT_MS),
             batch_max: usize::from(DEFAULT_PG_BATCH_MAX),
+            migration_lock_timeout: Duration::from_secs(DEFAULT_MIGRATION_LOCK_TIMEOUT_SECONDS),
         }
     }
 }

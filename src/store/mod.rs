@@ -24,7 +24,7 @@ use async_trait::async_trait;
 
 use crate::wake::{Changes, Registration, Watching};
 
-pub(crate) use config::DEFAULT_PG_BATCH_MAX;
+pub(crate) use config::{DEFAULT_MIGRATION_LOCK_TIMEOUT_SECONDS, DEFAULT_PG_BATCH_MAX};
 pub use config::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS, StoreConfig, StoreOptions};
 use fencelock::domain::{
     AcquireOutcome, AcquireRequest, HistoryRequest, Lease, LeaseHistory, LeasePage, ListRequest,
@@ -224,7 +224,13 @@ const LASTING_REPORT_EVERY: Duration = Duration::from_secs(30);
 pub(crate) async fn check(config: &StoreConfig, options: StoreOptions) -> anyhow::Result<String> {
     match config {
         StoreConfig::Postgres(pg) => {
-            let store = postgres::PgStore::connect((**pg).clone(), 1, options.timeout, 1)?;
+            let store = postgres::PgStore::connect(
+                (**pg).clone(),
+                1,
+                options.timeout,
+                1,
+                options.migration_lock_timeout,
+            )?;
             tokio::time::timeout(options.timeout.max(Duration::from_secs(5)), store.check())
                 .await
                 .map_err(|_| {
@@ -238,43 +244,103 @@ pub(crate) async fn check(config: &StoreConfig, options: StoreOptions) -> anyhow
     }
 }
 
-/// Opens the store the configuration names and applies its migrations.
-///
-/// An unreachable PostgreSQL is not fatal here: the server starts, answers `503` and `/readyz`
-/// stays `503` until the database answers, then migrates on first use. A SQLite file that
-/// cannot be opened is fatal, since nothing would change by waiting.
-pub(crate) async fn open(
-    config: &StoreConfig,
-    options: StoreOptions,
-) -> anyhow::Result<SharedStore> {
+/// A store as [`open`] opens it: SQLite migrated, PostgreSQL not yet (see
+/// [`Opened::prepare`] and [`Opened::migrate`]).
+pub(crate) struct Opened {
+    pub(crate) store: SharedStore,
+    postgres: Option<Arc<postgres::PgStore>>,
+}
+
+/// Opens the store the configuration names. A SQLite file is opened and migrated (a file
+/// that cannot be opened is fatal, since nothing would change by waiting); a PostgreSQL pool
+/// is built without connecting, its migrations left to [`Opened::prepare`], so that the
+/// server can listen (and answer `/healthz`) while they wait for the database or for
+/// another instance's migration lock.
+pub(crate) async fn open(config: &StoreConfig, options: StoreOptions) -> anyhow::Result<Opened> {
     match config {
         StoreConfig::Postgres(pg) => {
-            let store = postgres::PgStore::connect(
+            let store = Arc::new(postgres::PgStore::connect(
                 (**pg).clone(),
                 options.pool_size,
                 options.timeout,
                 options.batch_max,
-            )?;
-            match store.ensure_schema().await {
-                Ok(()) => {}
-                Err(StoreError::Misconfigured(cause) | StoreError::NotWritable(cause)) => {
-                    report_lasting(
-                        "PostgreSQL cannot be used as configured; serving 503 until it is fixed",
-                        &cause,
-                    );
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "PostgreSQL is not available yet; serving 503 until it is");
-                }
-            }
-            store.listen();
-            Ok(Arc::new(store))
+                options.migration_lock_timeout,
+            )?);
+            Ok(Opened {
+                store: store.clone(),
+                postgres: Some(store),
+            })
         }
         StoreConfig::Sqlite(path) => {
             let path = path.clone();
             let store =
                 tokio::task::spawn_blocking(move || sqlite::SqliteStore::open(&path)).await??;
-            Ok(Arc::new(store))
+            Ok(Opened {
+                store: Arc::new(store),
+                postgres: None,
+            })
         }
+    }
+}
+
+impl Opened {
+    /// Readies a starting server's store: applies PostgreSQL's migrations and starts its
+    /// LISTEN session.
+    ///
+    /// An unreachable PostgreSQL is not fatal: the server serves, answers `503` and `/readyz`
+    /// stays `503` until the database answers, then migrates on first use. Nor is one that
+    /// cannot be used as configured (it heals once fixed). A migration lock that another
+    /// session holds past the migration lock timeout is: no request could be served until
+    /// someone ends that session, and a start that fails says so where a deploy sees it.
+    pub(crate) async fn prepare(&self) -> anyhow::Result<()> {
+        let Some(store) = &self.postgres else {
+            return Ok(());
+        };
+        match store.ensure_schema().await {
+            Ok(()) => {}
+            Err(e) if postgres::migrate::is_lock_timeout(&e) => {
+                return Err(anyhow::anyhow!("{}", cause_of(&e)));
+            }
+            Err(StoreError::Misconfigured(cause) | StoreError::NotWritable(cause)) => {
+                report_lasting(
+                    "PostgreSQL cannot be used as configured; serving 503 until it is fixed",
+                    &cause,
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "PostgreSQL is not available yet; serving 503 until it is");
+            }
+        }
+        store.listen();
+        Ok(())
+    }
+
+    /// `fencelock migrate`: applies PostgreSQL's migrations; any failure is an error.
+    pub(crate) async fn migrate(&self) -> anyhow::Result<()> {
+        match &self.postgres {
+            Some(store) => {
+                match store.ensure_schema().await {
+                    Err(e) if postgres::migrate::is_lock_timeout(&e) => {
+                        anyhow::bail!("{}", cause_of(&e))
+                    }
+                    result => result?,
+                }
+                // The migrations may have been applied by another instance: the store must
+                // still accept a write.
+                store.ping().await?;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// A store error's cause, without the kind's prefix ("store unavailable: ...").
+fn cause_of(error: &StoreError) -> String {
+    match error {
+        StoreError::Unavailable(cause)
+        | StoreError::NotWritable(cause)
+        | StoreError::Misconfigured(cause)
+        | StoreError::Internal(cause) => format!("{cause:#}"),
     }
 }

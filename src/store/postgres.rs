@@ -35,6 +35,7 @@ mod batch;
 mod clock;
 pub(crate) mod conninfo;
 mod listen;
+pub(crate) mod migrate;
 pub(crate) mod tls;
 
 use batch::{BatchMetrics, Batched, Batcher};
@@ -44,10 +45,6 @@ use tls::PgTls;
 mod embedded {
     refinery::embed_migrations!("migrations/postgres");
 }
-
-/// Serialises migrations of instances starting at once on one database. Advisory locks are
-/// database-wide, which is what we want here.
-const MIGRATION_LOCK_KEY: i64 = 0x6665_6e63_656c_6f63; // "fencloc"
 
 /// Connection settings plus the same URL with the password masked, for logs.
 #[derive(Clone)]
@@ -172,7 +169,7 @@ pub(crate) fn schema_version<V: Ord + Copy + Default + std::fmt::Display>(
     let latest = known.max().unwrap_or_default();
     match applied.max() {
         None => anyhow::bail!(
-            "the schema is not set up (no migration applied); run `fencelock migrate` or start the server once"
+            "the database has no fencelock schema (no migration applied): start the server once or run `fencelock migrate`"
         ),
         Some(at) if at < latest => anyhow::bail!(
             "the schema is at version {at}, this build needs {latest}; run `fencelock migrate`"
@@ -245,16 +242,22 @@ struct Db {
     clock: DbClock,
     /// Each session's `statement_timeout`: no statement runs longer on the server.
     statement_timeout: Duration,
+    /// Longest a migration waits for another session's migration lock.
+    migration_lock_timeout: Duration,
+    /// While a migration waits for another session's migration lock: what it waits for.
+    lock_wait: std::sync::Mutex<Option<String>>,
 }
 
 impl PgStore {
     /// Builds the pool without connecting: connections are made on first use. Requests are
-    /// decided in batches of at most `batch_max` (1: each alone).
+    /// decided in batches of at most `batch_max` (1: each alone); migrations wait at most
+    /// `migration_lock_timeout` for another session's migration lock.
     pub(crate) fn connect(
         config: PgConfig,
         pool_size: usize,
         statement_timeout: Duration,
         batch_max: usize,
+        migration_lock_timeout: Duration,
     ) -> anyhow::Result<Self> {
         let db = Arc::new(Db {
             pool: pool(&config, pool_size, statement_timeout)?,
@@ -262,6 +265,8 @@ impl PgStore {
             schema: OnceCell::new(),
             clock: DbClock::new(),
             statement_timeout,
+            migration_lock_timeout,
+            lock_wait: std::sync::Mutex::new(None),
         });
         let batch_metrics = BatchMetrics::new();
         let batcher = (batch_max > 1)
@@ -304,17 +309,49 @@ impl PgStore {
     }
 }
 
+/// Runs its function when dropped.
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)();
+    }
+}
+
 impl Db {
     async fn ensure_schema(&self) -> Result<(), StoreError> {
+        if self.schema.initialized() {
+            return Ok(());
+        }
+        // While a migration waits for another session's migration lock, a request does not
+        // queue behind it (holding its connection until its own timeout): it is answered at
+        // once, with what the migration waits for.
+        if let Some(waiting) = self.waiting_for_lock() {
+            return Err(StoreError::Unavailable(anyhow::anyhow!("{waiting}")));
+        }
         self.schema
             .get_or_try_init(|| self.migrate())
             .await
             .map(|_| ())
     }
 
+    fn waiting_for_lock(&self) -> Option<String> {
+        self.lock_wait
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_lock_wait(&self, waiting: Option<String>) {
+        *self
+            .lock_wait
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = waiting;
+    }
+
     async fn migrate(&self) -> Result<(), StoreError> {
-        // A dedicated session, not a pooled one: the advisory lock dies with it even if a
-        // step below fails.
+        // A dedicated session, not a pooled one: the migration lock is a transaction lock on
+        // it (see `migrate`), and nothing else ever runs there.
         let (mut client, connection) = self
             .config
             .config
@@ -322,36 +359,12 @@ impl Db {
             .await
             .map_err(classify)?;
         let driver = tokio::spawn(connection);
-        let result = async {
-            // A standby cannot be migrated, and could not take a lease anyway: say so, and
-            // try again on the next request (it may be promoted).
-            let read_only: bool = client
-                .query_one(READ_ONLY, &[])
-                .await
-                .map_err(classify)?
-                .get(0);
-            if read_only {
-                return Err(StoreError::NotWritable(anyhow::anyhow!(
-                    "PostgreSQL accepts only reads (a hot standby, or transaction_read_only is on)"
-                )));
-            }
-            client
-                .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
-                .await
-                .map_err(classify)?;
-            let report = embedded::migrations::runner()
-                .run_async(&mut client)
-                .await
-                .map_err(|e| {
-                    StoreError::Misconfigured(anyhow::Error::new(e).context(
-                        "the database's schema is not one fencelock can migrate (a table of another application named like fencelock's, or a changed migration)",
-                    ))
-                })?;
-            for migration in report.applied_migrations() {
-                tracing::info!(migration = %migration, "applied PostgreSQL migration");
-            }
-            Ok(())
-        }
+        // Clears the wait however the migration ends, a request that gave up on it included
+        // (its future is dropped): requests must not be refused for a wait that is over.
+        let _cleared = OnDrop(|| self.set_lock_wait(None));
+        let result = migrate::run(&mut client, self.migration_lock_timeout, &|waiting| {
+            self.set_lock_wait(waiting);
+        })
         .await;
         drop(client);
         let _ = driver.await;
@@ -374,14 +387,30 @@ impl Db {
                 );
             }
             let runner = embedded::migrations::runner();
-            let applied = runner
-                .get_applied_migrations_async(&mut client)
-                .await
-                .map_err(|e| anyhow::anyhow!("reading the applied migrations: {e}"))?;
-            let foreign: bool = client
-                .query_one("SELECT to_regclass('leases') IS NOT NULL", &[])
-                .await?
-                .get(0);
+            let (history, foreign): (bool, bool) = {
+                let row = client
+                    .query_one(
+                        "SELECT to_regclass('refinery_schema_history') IS NOT NULL, to_regclass('leases') IS NOT NULL",
+                        &[],
+                    )
+                    .await?;
+                (row.get(0), row.get(1))
+            };
+            // Without the history table refinery's own read fails with "db error" (no such
+            // relation): a database never migrated is said to be one.
+            let applied = if history {
+                runner
+                    .get_applied_migrations_async(&mut client)
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "reading the applied migrations: {:#}",
+                            anyhow::Error::new(e)
+                        )
+                    })?
+            } else {
+                Vec::new()
+            };
             if applied.is_empty() && foreign {
                 anyhow::bail!(
                     "a table named leases already exists that fencelock did not create; use a database of its own"

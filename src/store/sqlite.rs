@@ -138,9 +138,22 @@ pub(crate) fn check(path: &Path) -> anyhow::Result<String> {
         anyhow::bail!("the SQLite file {} is read-only", path.display());
     }
     let runner = embedded::migrations::runner();
-    let applied = runner
-        .get_applied_migrations(&mut conn)
-        .map_err(|e| anyhow::anyhow!("reading the applied migrations: {e}"))?;
+    // Without the history table refinery's own read fails with "no such table": a file never
+    // migrated is said to be one.
+    let history: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'refinery_schema_history')",
+            [],
+            |row| row.get(0),
+        )
+        .with_context(|| format!("reading the SQLite file {}", path.display()))?;
+    let applied = if history {
+        runner
+            .get_applied_migrations(&mut conn)
+            .map_err(|e| anyhow::anyhow!("reading the applied migrations: {e}"))?
+    } else {
+        Vec::new()
+    };
     let version = super::postgres::schema_version(
         runner.get_migrations().iter().map(|m| m.version()),
         applied.iter().map(|m| m.version()),

@@ -359,6 +359,49 @@ async fn sighup_reloads_the_auth_file_and_a_bad_file_keeps_the_old_tokens() {
     server.assert_logged("billing-workers").await;
 }
 
+/// An auth file without tokens starts the server (it is how every token is revoked at once),
+/// with a WARN line saying that every lock request will be refused; so does a reload to one.
+#[tokio::test]
+async fn an_auth_file_without_tokens_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("auth.toml");
+    std::fs::write(&path, "# every token revoked\n").unwrap();
+    let mut server =
+        ServerProcess::start_with(None, dir.path(), &["--auth-file", path.to_str().unwrap()]);
+    let warned = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("the auth file lists no tokens"))
+            .inspect(|l| assert!(l.contains("WARN"), "{l}"))
+            .count()
+    };
+    assert_eq!(warned(&server.settled_log().await), 1);
+    assert_eq!(
+        acquire_on(&server, BILLING, "billing:a").await.status(),
+        401
+    );
+
+    std::fs::write(&path, auth_file()).unwrap();
+    server.signal("-HUP");
+    eventually(
+        "the tokens are let in after SIGHUP",
+        SIGNAL_HANDLED,
+        async || acquire_on(&server, BILLING, "billing:a").await.status() == 200,
+    )
+    .await;
+    std::fs::write(&path, "").unwrap();
+    server.signal("-HUP");
+    eventually(
+        "the empty file is warned about",
+        SIGNAL_HANDLED,
+        async || warned(&server.log_text()) == 2,
+    )
+    .await;
+    assert_eq!(
+        acquire_on(&server, BILLING, "billing:b").await.status(),
+        401
+    );
+}
+
 /// A bad auth file at start stops start-up with one line naming the problem.
 #[test]
 fn a_bad_auth_file_stops_startup_with_one_line() {

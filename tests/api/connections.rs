@@ -336,6 +336,9 @@ async fn connections_beyond_the_cap_wait_for_a_free_slot(kind: StoreKind) {
     let app = TestApp::spawn_on(db, |s| {
         s.request_timeout = TIMEOUT;
         s.max_connections = Some(2);
+        // The total cap alone: the per-peer cap (by default as large as a total this small)
+        // is another test's.
+        s.max_connections_per_peer = Some(0);
     })
     .await;
     let address = app.socket_address();
@@ -361,6 +364,126 @@ async fn connections_beyond_the_cap_wait_for_a_free_slot(kind: StoreKind) {
         "served only after {waited:?}"
     );
     drop(silent);
+}
+
+/// A head that stops halfway is answered `408` with its whole problem document before the
+/// close: the body read up to the end of the connection is exactly as long as the
+/// `Content-Length` the answer declares.
+async fn a_slow_head_gets_its_whole_408_before_the_close(kind: StoreKind) {
+    let app = app_with_short_timeout(kind).await;
+    let mut stream = TcpStream::connect(app.socket_address()).await.unwrap();
+    stream
+        .write_all(b"POST /locks/job:1 HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(TIMEOUT + MARGIN, stream.read_to_end(&mut received)).await;
+    assert!(
+        matches!(read, Ok(Ok(_))),
+        "the connection did not end cleanly: {read:?}; received {:?}",
+        String::from_utf8_lossy(&received)
+    );
+    let end = received
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a response head");
+    let head = String::from_utf8_lossy(&received[..end]).to_ascii_lowercase();
+    let declared: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .expect("a content-length")
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        received.len() - (end + 4),
+        declared,
+        "the body sent before the close is not the declared length: {:?}",
+        String::from_utf8_lossy(&received)
+    );
+    let response = parse_raw(&received).expect("a complete answer");
+    crate::helpers::assert_raw_problem(&response, 408, "request-timeout");
+    assert_eq!(response.header("connection"), Some("close"));
+}
+
+/// With `--max-connections-per-peer 3`, a fourth connection from one address is closed at
+/// once, while a client at another address (127.0.0.2: all of 127/8 is loopback) is served,
+/// and so are the three; once they are gone the address gets connections again.
+async fn one_peer_cannot_take_every_connection(kind: StoreKind) {
+    const PER_PEER: u64 = 3;
+    // Long enough that no held connection is closed by the head timer during the test.
+    const HOLD: Duration = Duration::from_secs(30);
+    let db = TestDb::new(kind).await;
+    let app = TestApp::spawn_on(db, |s| {
+        s.request_timeout = HOLD;
+        s.max_connections_per_peer = Some(PER_PEER);
+    })
+    .await;
+    let address = app.socket_address();
+    let healthz = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut held = Vec::new();
+    for _ in 0..PER_PEER {
+        held.push(TcpStream::connect(address).await.unwrap());
+    }
+    // Served: each of them is counted before the extra one below connects.
+    for stream in &mut held {
+        stream.write_all(healthz).await.unwrap();
+        assert_eq!(read_answer(stream).await.map(|r| r.status), Some(200));
+    }
+
+    let mut extra = TcpStream::connect(address).await.unwrap();
+    let _ = extra.write_all(healthz).await;
+    let mut buffer = [0u8; 1024];
+    let read = tokio::time::timeout(Duration::from_secs(5), extra.read(&mut buffer)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "the connection over the per-peer cap was not closed at once: {read:?} {:?}",
+        String::from_utf8_lossy(&buffer).trim_end_matches('\0')
+    );
+
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut other = socket.connect(address).await.unwrap();
+    other.write_all(healthz).await.unwrap();
+    assert_eq!(read_answer(&mut other).await.map(|r| r.status), Some(200));
+    for stream in &mut held {
+        stream.write_all(healthz).await.unwrap();
+        assert_eq!(read_answer(stream).await.map(|r| r.status), Some(200));
+    }
+
+    drop(held);
+    crate::helpers::eventually(
+        "the address gets connections again",
+        Duration::from_secs(10),
+        async || {
+            let mut stream = TcpStream::connect(address).await.unwrap();
+            let _ = stream.write_all(healthz).await;
+            read_answer(&mut stream)
+                .await
+                .is_some_and(|r| r.status == 200)
+        },
+    )
+    .await;
+}
+
+/// The next answer on `stream`, or `None` if it is closed first (or after 10 s).
+async fn read_answer(stream: &mut TcpStream) -> Option<crate::helpers::RawResponse> {
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(response) = parse_raw(&received) {
+                return Some(response);
+            }
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => received.extend_from_slice(&buffer[..n]),
+            }
+        }
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// A keep-alive connection left idle after a request is closed after the request timeout.
@@ -399,5 +522,7 @@ contract!(
     slow_heads_are_cut_off_at_the_request_timeout,
     slow_heads_after_a_first_request_are_cut_off,
     idle_connections_are_closed,
+    a_slow_head_gets_its_whole_408_before_the_close,
+    one_peer_cannot_take_every_connection,
     connections_beyond_the_cap_wait_for_a_free_slot,
 );

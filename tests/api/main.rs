@@ -28,6 +28,7 @@ mod listing;
 mod lock_command;
 mod lock_delay;
 mod metrics;
+mod migration_lock;
 mod misconfig;
 mod openapi;
 mod outage;

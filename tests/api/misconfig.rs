@@ -116,6 +116,21 @@ async fn check_passes_only_a_store_ready_to_serve() {
         );
         let stderr = String::from_utf8_lossy(&unmigrated.stderr);
         assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        if kind == StoreKind::Sqlite {
+            // A file that exists but was never migrated, as a database that exists.
+            let TestDb::Sqlite { path, .. } = &*db else {
+                unreachable!()
+            };
+            std::fs::write(path, b"").unwrap();
+        }
+        let line = assert_failed_in_one_line(&check(&db.url()), &format!("{kind:?}"));
+        assert!(
+            line.contains("the database has no fencelock schema")
+                && line.contains("fencelock migrate")
+                && !line.contains("db error")
+                && !line.contains("error getting"),
+            "{kind:?}: {line}"
+        );
 
         let dir = tempfile::tempdir().unwrap();
         let migrated = command(Some(&db.url()), dir.path())
@@ -149,4 +164,65 @@ fn latest_migration(kind: StoreKind) -> u32 {
         })
         .max()
         .unwrap_or_else(|| panic!("no migrations in {path}"))
+}
+
+/// A stand-in for PgBouncer without `ignore_startup_parameters = options`: every connection
+/// is answered, after its startup message, with PgBouncer's own refusal (`08P01`). Returns
+/// its address; it serves until the test process ends.
+fn refusing_pooler() -> std::net::SocketAddr {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                // The startup message, after an SSLRequest (answered `N`: no TLS) if one
+                // comes first.
+                loop {
+                    let mut head = [0u8; 8];
+                    if stream.read_exact(&mut head).is_err() {
+                        return;
+                    }
+                    let length = u32::from_be_bytes(head[..4].try_into().unwrap()) as usize;
+                    let mut rest = vec![0u8; length.saturating_sub(8)];
+                    if stream.read_exact(&mut rest).is_err() {
+                        return;
+                    }
+                    const SSL_REQUEST: u32 = 80_877_103;
+                    if u32::from_be_bytes(head[4..].try_into().unwrap()) == SSL_REQUEST {
+                        let _ = stream.write_all(b"N");
+                        continue;
+                    }
+                    break;
+                }
+                let mut fields = Vec::new();
+                for (tag, value) in [
+                    (b'S', "FATAL"),
+                    (b'V', "FATAL"),
+                    (b'C', "08P01"),
+                    (b'M', "unsupported startup parameter: options"),
+                ] {
+                    fields.push(tag);
+                    fields.extend_from_slice(value.as_bytes());
+                    fields.push(0);
+                }
+                fields.push(0);
+                let mut message = vec![b'E'];
+                message.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
+                message.extend_from_slice(&fields);
+                let _ = stream.write_all(&message);
+            });
+        }
+    });
+    address
+}
+
+/// PgBouncer's refusal of the `options` startup parameter is a setting to change, not an
+/// outage: one ERROR line and `fencelock check` say what to change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooler_that_refuses_startup_options_is_named() {
+    let address = refusing_pooler();
+    let url = format!("postgres://fencelock@{address}/locks?sslmode=disable");
+    misconfiguration_is_named(&url, "ignore_startup_parameters = options").await;
 }

@@ -15,7 +15,7 @@ use crate::helpers::{
 
 /// Every setting: its flag and its environment variable, as `--help` must name them. Both
 /// are cleared for the tests' processes, so that a developer's shell cannot leak into them.
-const SETTINGS: [(&str, &str); 19] = [
+const SETTINGS: [(&str, &str); 21] = [
     ("--bind", "FENCELOCK_BIND"),
     ("--database-url", "DATABASE_URL"),
     ("--max-ttl-seconds", "FENCELOCK_MAX_TTL_SECONDS"),
@@ -35,6 +35,14 @@ const SETTINGS: [(&str, &str); 19] = [
     ("--store-timeout-ms", "FENCELOCK_STORE_TIMEOUT_MS"),
     ("--request-timeout-ms", "FENCELOCK_REQUEST_TIMEOUT_MS"),
     ("--max-connections", "FENCELOCK_MAX_CONNECTIONS"),
+    (
+        "--max-connections-per-peer",
+        "FENCELOCK_MAX_CONNECTIONS_PER_PEER",
+    ),
+    (
+        "--migration-lock-timeout-seconds",
+        "FENCELOCK_MIGRATION_LOCK_TIMEOUT_SECONDS",
+    ),
     (
         "--live-leases-interval-seconds",
         "FENCELOCK_LIVE_LEASES_INTERVAL_SECONDS",
@@ -109,6 +117,18 @@ impl ServerProcess {
     /// [`Self::start`] with more arguments; a `--bind` among them replaces the loopback one,
     /// and with `--tls-cert` the address is an `https` one.
     pub fn start_with(database_url: Option<&str>, cwd: &Path, args: &[&str]) -> Self {
+        Self::start_until(database_url, cwd, args, "fencelock serving")
+    }
+
+    /// [`Self::start_with`], returning once the server listens: its store may not be ready
+    /// yet (its migrations may wait for the database, or for the migration lock).
+    pub fn start_listening(database_url: Option<&str>, cwd: &Path, args: &[&str]) -> Self {
+        Self::start_until(database_url, cwd, args, "fencelock listening")
+    }
+
+    /// Starts the server and returns once it has logged `message` with its `address`.
+    fn start_until(database_url: Option<&str>, cwd: &Path, args: &[&str], message: &str) -> Self {
+        let message = message.to_owned();
         let bind: &[&str] = if args.contains(&"--bind") {
             &[]
         } else {
@@ -142,7 +162,7 @@ impl ServerProcess {
                     return;
                 }
                 if let Ok(event) = serde_json::from_str::<Value>(&line)
-                    && event["message"] == json!("fencelock serving")
+                    && event["message"] == json!(message)
                 {
                     let _ = found.send(event["address"].as_str().unwrap_or_default().to_owned());
                 }

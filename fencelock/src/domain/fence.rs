@@ -31,10 +31,15 @@ impl Fence {
     }
 }
 
-/// A fence written in plain decimal (ASCII digits only: no sign, no space), in `1..2^53`.
+/// A fence written in canonical decimal, as [`Fence`]'s `Display` writes it: ASCII digits
+/// only (no sign, no space) and no leading zero, in `1..2^53`.
+///
+/// Canonical because a signature covers the fence's canonical text: were `01` read as `1`,
+/// the token `01.<signature of 1>` would pass for a token the server never issued, and one
+/// fence would have many spellings (in logs, in a service's own records of who wrote).
 #[cfg(feature = "fence-token")]
 pub(crate) fn parse_decimal(text: &str) -> Option<Fence> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+    if text.is_empty() || text.starts_with('0') || !text.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     text.parse::<i64>().ok().and_then(|n| Fence::new(n).ok())
@@ -76,5 +81,28 @@ mod tests {
         assert_eq!(Fence::new(-1), Err(FenceError::NotPositive(-1)));
         assert_eq!(Fence::new(1 << 53), Err(FenceError::TooLarge(1 << 53)));
         assert_eq!(Fence::new(i64::MAX), Err(FenceError::TooLarge(i64::MAX)));
+    }
+
+    #[cfg(feature = "fence-token")]
+    #[test]
+    fn only_the_canonical_decimal_is_a_fence() {
+        assert_eq!(parse_decimal("1"), Some(Fence(1)));
+        assert_eq!(parse_decimal("9007199254740991"), Some(Fence(MAX_FENCE)));
+        for bad in [
+            "",
+            "0",
+            "00",
+            "01",
+            "007",
+            "+1",
+            "-1",
+            " 1",
+            "1 ",
+            "1_0",
+            "１",
+            "9007199254740992",
+        ] {
+            assert_eq!(parse_decimal(bad), None, "{bad:?}");
+        }
     }
 }

@@ -26,12 +26,10 @@ pub struct FenceKey(Vec<u8>);
 
 #[derive(Debug, thiserror::Error)]
 pub enum FenceKeyError {
-    #[error("fence key file {path}: {source}")]
-    Unreadable {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    // The OS error is part of the message and deliberately not the error's `source`: an
+    // error chain printed in full (`{:#}`, as start-up does) would say it twice.
+    #[error("fence key file {path}: {cause}")]
+    Unreadable { path: String, cause: std::io::Error },
     #[error(
         "fence key file {path}: {len} bytes, at least {MIN_KEY_BYTES} are needed (make one with `head -c 32 /dev/urandom > FILE`)"
     )]
@@ -48,9 +46,9 @@ impl FenceKey {
     /// is an error naming the file.
     pub fn read(path: &Path) -> Result<Self, FenceKeyError> {
         let shown = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|source| FenceKeyError::Unreadable {
+        let bytes = std::fs::read(path).map_err(|cause| FenceKeyError::Unreadable {
             path: shown.clone(),
-            source,
+            cause,
         })?;
         let len = bytes.len();
         Self::from_bytes(bytes).ok_or(FenceKeyError::TooShort { path: shown, len })
@@ -240,6 +238,26 @@ mod tests {
             "5.abc.def",
         ] {
             assert!(keys.verify("r", bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_fence_is_only_accepted_in_its_canonical_spelling() {
+        let k = key(1);
+        let keys = FenceKeys::new(vec![k.clone()]);
+        let token = k.sign("r", fence(1));
+        let signature = token.strip_prefix("1.").unwrap();
+        assert_eq!(keys.verify("r", &token), Ok(fence(1)));
+        for spelling in ["01", "001", "+1"] {
+            let respelled = format!("{spelling}.{signature}");
+            assert_eq!(
+                keys.verify("r", &respelled),
+                Err(TokenError::Malformed),
+                "{respelled}"
+            );
+            assert_eq!(unverified_fence(&respelled), None, "{respelled}");
+            assert_eq!(unverified_fence(spelling), None, "{spelling}");
+            assert!(keys.verify("r", spelling).is_err(), "{spelling}");
         }
     }
 

@@ -125,7 +125,7 @@ impl Guard {
         let fence = if self.keys.is_empty() {
             fence_token::unverified_fence(&token.0).ok_or_else(|| {
                 invalid(&format!(
-                    "{FENCING_TOKEN} must be a positive integer below 2^53, got {:?}",
+                    "{FENCING_TOKEN} must be a positive integer below 2^53 in plain decimal (no sign, no leading zero), got {:?}",
                     token.0
                 ))
             })?

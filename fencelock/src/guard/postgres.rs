@@ -165,6 +165,18 @@ pub fn classify(e: tokio_postgres::Error) -> StoreError {
                 anyhow::Error::new(e).context("PostgreSQL refuses this login or database"),
             );
         }
+        // PgBouncer refuses the `options` startup parameter (unless told to ignore it) with
+        // a connection exception, which would read as an outage that waiting heals; it is a
+        // setting to change.
+        Some(code)
+            if code == &SqlState::PROTOCOL_VIOLATION
+                && e.as_db_error()
+                    .is_some_and(|db| db.message().contains("unsupported startup parameter")) =>
+        {
+            return StoreError::Misconfigured(anyhow::Error::new(e).context(
+                "the server at the database URL refuses the `options` startup parameter, as PgBouncer does, which sets each session's statement_timeout (and the lease server's synchronous_commit); connect to PostgreSQL itself (the pool is fencelock's own), or give PgBouncer `ignore_startup_parameters = options`, session pooling, and those settings on the role (ALTER ROLE ... SET)",
+            ));
+        }
         Some(code) if code == &SqlState::DISK_FULL => {
             return StoreError::NotWritable(
                 anyhow::Error::new(e).context("PostgreSQL's disk is full"),

@@ -1074,9 +1074,19 @@ where
 
                 trace!("timed out on slow request; replying with 408 and closing connection");
 
+                // fencelock patch: the whole answer, head and body, goes into the write buffer
+                // here, because the shutdown below flushes that buffer and writes nothing
+                // else: a body left to the response state (as `send_error_response` does)
+                // would never be sent, after a head that announced its length.
                 let mut res = Response::with_body(StatusCode::REQUEST_TIMEOUT, ()); // fencelock patch
-                let body = super::refusal::body(&mut res, self.as_mut().project().read_buf); // fencelock patch
-                let _ = self.as_mut().send_error_response(res, body); // fencelock patch
+                let body = super::refusal::bytes(&mut res, self.as_mut().project().read_buf); // fencelock patch
+                res.head_mut().set_connection_type(ConnectionType::Close); // fencelock patch
+                let this = self.as_mut().project(); // fencelock patch
+                let size = BodySize::Sized(body.len() as u64); // fencelock patch
+                if this.codec.encode(Message::Item((res, size)), this.write_buf).is_ok() { // fencelock patch
+                    let _ = this.codec.encode(Message::Chunk(Some(body)), this.write_buf); // fencelock patch
+                    let _ = this.codec.encode(Message::Chunk(None), this.write_buf); // fencelock patch
+                } // fencelock patch
 
                 self.project().flags.insert(Flags::SHUTDOWN);
             }

@@ -21,10 +21,19 @@ pub fn set_refusal_renderer(render: RefusalRenderer) {
 
 /// The body for a response the dispatcher makes itself; empty without a renderer.
 pub(crate) fn body(res: &mut Response<()>, received: &[u8]) -> BoxBody {
+    match RENDERER.get() {
+        Some(_) => BoxBody::new(bytes(res, received)),
+        None => BoxBody::new(()),
+    }
+}
+
+/// [`body`] as bytes, for an answer written in one go (the `408` of a slow head, which is
+/// followed by a shutdown that writes nothing more); empty without a renderer.
+pub(crate) fn bytes(res: &mut Response<()>, received: &[u8]) -> Bytes {
     let Some(render) = RENDERER.get() else {
-        return BoxBody::new(());
+        return Bytes::new();
     };
     let (content_type, body) = render(res.status(), received);
     res.headers_mut().insert(header::CONTENT_TYPE, content_type);
-    BoxBody::new(body)
+    body
 }
