@@ -58,12 +58,30 @@ impl SqliteStore {
     /// A file that can be read but not written (its mode, an immutable flag) still opens:
     /// the server then answers reads, and `503` to writes and to `/readyz`, and picks the
     /// file up for writing as soon as that becomes possible.
+    ///
+    /// So does a file on a read-only file system, if its schema is this build's: SQLite cannot
+    /// switch it to WAL or create the WAL index beside it, so it is opened as it is, frozen
+    /// ([`open_frozen`]).
     pub(crate) fn open(path: &Path) -> anyhow::Result<Self> {
-        let mut conn = connect(path)?;
-        migrate(&mut conn).with_context(|| format!("migrating {}", path.display()))?;
-        if is_read_only(&conn) {
-            tracing::error!(file = %path.display(), "the SQLite file is read-only: writes answer 503 until it can be written");
-        }
+        let conn = match connect(path) {
+            Ok(mut conn) => {
+                migrate(&mut conn).with_context(|| format!("migrating {}", path.display()))?;
+                if is_read_only(&conn) {
+                    tracing::error!(file = %path.display(), "the SQLite file is read-only: writes answer 503 until it can be written");
+                }
+                conn
+            }
+            Err(e) if on_read_only_file_system(path) => {
+                let conn = open_frozen(path).with_context(|| {
+                    format!(
+                        "{e:#}; the file system is read-only and the file cannot be read as it is"
+                    )
+                })?;
+                tracing::error!(file = %path.display(), "the SQLite file is on a read-only file system: reads are served, writes answer 503 until it can be written");
+                conn
+            }
+            Err(e) => return Err(e),
+        };
 
         let (jobs, queue) = mpsc::channel(QUEUE_DEPTH);
         let thread_path = path.to_owned();
@@ -137,6 +155,19 @@ pub(crate) fn check(path: &Path) -> anyhow::Result<String> {
     if is_read_only(&conn) {
         anyhow::bail!("the SQLite file {} is read-only", path.display());
     }
+    let version = schema_version(&mut conn, path)?;
+    for probe in SCHEMA_PROBES {
+        conn.execute_batch(probe)
+            .with_context(|| format!("the schema is not fencelock's ({probe})"))?;
+    }
+    Ok(format!(
+        "SQLite file {} has schema version {version}",
+        path.display()
+    ))
+}
+
+/// The schema version of the file, if it is exactly this build's; otherwise why not.
+fn schema_version(conn: &mut Connection, path: &Path) -> anyhow::Result<i32> {
     let runner = embedded::migrations::runner();
     // Without the history table refinery's own read fails with "no such table": a file never
     // migrated is said to be one.
@@ -149,23 +180,15 @@ pub(crate) fn check(path: &Path) -> anyhow::Result<String> {
         .with_context(|| format!("reading the SQLite file {}", path.display()))?;
     let applied = if history {
         runner
-            .get_applied_migrations(&mut conn)
+            .get_applied_migrations(conn)
             .map_err(|e| anyhow::anyhow!("reading the applied migrations: {e}"))?
     } else {
         Vec::new()
     };
-    let version = super::postgres::schema_version(
+    super::postgres::schema_version(
         runner.get_migrations().iter().map(|m| m.version()),
         applied.iter().map(|m| m.version()),
-    )?;
-    for probe in SCHEMA_PROBES {
-        conn.execute_batch(probe)
-            .with_context(|| format!("the schema is not fencelock's ({probe})"))?;
-    }
-    Ok(format!(
-        "SQLite file {} has schema version {version}",
-        path.display()
-    ))
+    )
 }
 
 /// What `check` reads to make sure the tables the statements use are there, with the columns
@@ -232,6 +255,52 @@ const CACHE_KIB: i64 = -16 * 1024;
 const CHECKPOINT_PAGES: i64 = 4000;
 /// Prepared statements kept per connection: the store has about two dozen.
 const STATEMENT_CACHE: usize = 64;
+
+/// Whether `path` is an existing file on a file system mounted read-only.
+fn on_read_only_file_system(path: &Path) -> bool {
+    path.is_file()
+        && matches!(
+            std::fs::OpenOptions::new().append(true).open(path),
+            Err(e) if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem
+        )
+}
+
+/// Opens a file on a read-only file system for reading, once its schema is found current.
+///
+/// After a clean shutdown there is no WAL beside the file, and none can be created: the file
+/// is opened `immutable` (nothing can change it while the file system stays read-only, so
+/// SQLite needs no locks and no WAL index). A WAL left by a crash holds commits the file does
+/// not: then the file is opened read-only as usual, which reads the WAL, or fails with a
+/// clear cause, never serving the file without its last commits.
+fn open_frozen(path: &Path) -> anyhow::Result<Connection> {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let wal_has_commits = std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0);
+    let flags =
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut conn = if wal_has_commits {
+        Connection::open_with_flags(path, flags)?
+    } else {
+        let uri = format!("file:{}?immutable=1", uri_path(path));
+        Connection::open_with_flags(uri, flags | rusqlite::OpenFlags::SQLITE_OPEN_URI)?
+    };
+    schema_version(&mut conn, path)?;
+    prepare_once(&conn)?;
+    Ok(conn)
+}
+
+/// `path` as the path of a `file:` URI: the characters a URI gives a meaning to escaped.
+fn uri_path(path: &Path) -> String {
+    let mut out = String::new();
+    for byte in path.as_os_str().as_encoded_bytes() {
+        match byte {
+            b'%' | b'?' | b'#' => out.push_str(&format!("%{byte:02X}")),
+            b if b.is_ascii() => out.push(char::from(*b)),
+            b => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
 
 /// SQLite opens a file it may not write read-only, without an error; writes then fail.
 fn is_read_only(conn: &Connection) -> bool {

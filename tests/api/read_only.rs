@@ -157,6 +157,46 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A SQLite file on a file system mounted read-only, after a clean shutdown (no WAL beside
+/// it): the server starts, answers reads, refuses writes and readiness with `503`, and writes
+/// again once the file system is writable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_on_a_read_only_file_system_serves_reads() {
+    let disk = Tmpfs::mount("16m");
+    let file = disk.path().join("fencelock.db");
+    let settings = || {
+        let mut settings = fencelock_server::Settings::for_store(
+            fencelock_server::StoreConfig::Sqlite(file.clone()),
+        );
+        settings.bind = "127.0.0.1:0".parse().unwrap();
+        settings
+    };
+    let writer = TestApp::spawn_with(TestDb::new(StoreKind::Sqlite).await, settings()).await;
+    let fence = writer.acquire_ok("job:1", "a", 600).await["fence"].clone();
+    drop(writer);
+    let mut wal = file.clone().into_os_string();
+    wal.push("-wal");
+    let wal = PathBuf::from(wal);
+    eventually("the stopped server's WAL is gone", Duration::from_secs(10), async || {
+        !wal.exists()
+    })
+    .await;
+    let mount_point = disk.path().to_str().unwrap();
+    run("mount", &["-o", "remount,ro", mount_point]);
+
+    let reader = TestApp::spawn_with(TestDb::new(StoreKind::Sqlite).await, settings()).await;
+    let lease = reader.inspect("job:1").await;
+    assert_eq!(lease.status(), 200);
+    assert_eq!(lease.json::<Value>().await.unwrap()["fence"], fence);
+    assert_refused_write(reader.acquire("job:2", "b", TTL).await).await;
+    assert_not_ready(&reader, "read-only").await;
+
+    run("mount", &["-o", "remount,rw", mount_point]);
+    await_ready(&reader).await;
+    reader.acquire_ok("job:2", "b", TTL).await;
+    assert_eq!(reader.inspect("job:1").await.status(), 200);
+}
+
 /// A full disk: writes and readiness answer `503` naming it, and both recover when space
 /// is freed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
