@@ -620,3 +620,41 @@ fn a_missing_argument_is_named() {
         }
     }
 }
+
+/// Waits, within [`PATIENCE`], until `pid`'s state is `T` (stopped) or is not, as `stopped`
+/// says.
+async fn assert_becomes_stopped(pid: i32, stopped: bool, context: &str) {
+    let start = Instant::now();
+    let is = || stat(pid).is_some_and(|fields| fields[0] == "T");
+    while is() != stopped && start.elapsed() < PATIENCE {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(is(), stopped, "{context}: process {pid}");
+}
+
+/// A Ctrl-Z (SIGTSTP) stops CMD's group and `fencelock lock` together, as a shell stops a
+/// job (CMD must not run on while nothing renews its lease); SIGCONT, as `fg` sends it,
+/// continues both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_z_stops_the_command_with_fencelock_lock() {
+    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!("echo $$ > pids; echo ready; {UNTIL_GO}");
+    let mut child = lock(dir.path(), &app.address, "job:1", &[], &script)
+        .spawn()
+        .unwrap();
+    assert_eq!(line(&mut child).await, "ready");
+    let cmd = recorded_pids(dir.path(), 1)[0];
+    let own = child.id().unwrap();
+    signal(own, "-TSTP");
+    let own = i32::try_from(own).unwrap();
+    assert_becomes_stopped(cmd, true, "CMD after SIGTSTP").await;
+    assert_becomes_stopped(own, true, "fencelock lock after SIGTSTP").await;
+    signal(u32::try_from(own).unwrap(), "-CONT");
+    assert_becomes_stopped(own, false, "fencelock lock after SIGCONT").await;
+    assert_becomes_stopped(cmd, false, "CMD after SIGCONT").await;
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let output = finished(child).await;
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_released(&app, "job:1").await;
+}
