@@ -137,10 +137,21 @@ pub(crate) enum Command {
     /// another holder), runs CMD with FENCELOCK_RESOURCE, FENCELOCK_FENCE (and
     /// FENCELOCK_FENCE_TOKEN when the server signs fences) and FENCELOCK_URL in its
     /// environment, renews the lease every third of --ttl-seconds while CMD runs, and releases
-    /// it when CMD ends. If the lease is lost, CMD gets SIGTERM, then SIGKILL after
-    /// --grace-seconds. SIGTERM, SIGINT and SIGHUP are passed on to CMD.
+    /// it when CMD ends. CMD runs in a process group of its own, which every signal meant for
+    /// it reaches: SIGTERM, SIGINT, SIGHUP and SIGQUIT are passed on (a Ctrl-C at the
+    /// terminal too), Ctrl-Z stops it with `fencelock lock`. If the lease is about to be lost
+    /// or is lost, the group gets SIGTERM, then SIGKILL before the lease's expiry (see
+    /// --grace-seconds). No process of the group outlives `fencelock lock`, even one killed
+    /// with SIGKILL.
     #[command(after_help = LOCK_EXIT_STATUS)]
     Lock(LockArgs),
+    /// The watchdog of a `fencelock lock` command's process group (started by it, never by
+    /// hand): kills the group if `fencelock lock` dies.
+    #[command(hide = true)]
+    LockSentinel {
+        /// The process group of `fencelock lock`, which the watchdog joins once CMD runs.
+        join: i32,
+    },
 }
 
 /// The exit statuses of `fencelock lock`, at the end of its `--help`.
@@ -158,7 +169,7 @@ pub(crate) const DEFAULT_LOCK_URL: &str = "http://127.0.0.1:8080";
 /// The TTL `fencelock lock` asks for: renewed every 10 s, lost at most 30 s after its holder
 /// stopped renewing.
 pub(crate) const DEFAULT_LOCK_TTL_SECONDS: u32 = 30;
-/// How long CMD has between SIGTERM and SIGKILL once the lease is lost.
+/// The longest CMD has between SIGTERM and SIGKILL when `--grace-seconds` is not given.
 pub(crate) const DEFAULT_LOCK_GRACE_SECONDS: u32 = 10;
 
 /// `fencelock lock RESOURCE [options] -- CMD ARGS...`.
@@ -181,8 +192,9 @@ pub(crate) struct LockArgs {
     )]
     pub ttl_seconds: u32,
 
-    /// How long the server may wait for another holder to let RESOURCE go (sent as `wait_ms`;
-    /// the server's `--max-wait-ms` bounds it). 0: one attempt, no waiting.
+    /// How long to wait for another holder to let RESOURCE go. The server does the waiting
+    /// (first come, first served), in rounds of at most its `--max-wait-ms` each when the
+    /// wait is longer. 0: one attempt, no waiting.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=86_400))]
     pub wait_seconds: u32,
 
@@ -190,9 +202,19 @@ pub(crate) struct LockArgs {
     #[arg(long, env = "FENCELOCK_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
 
-    /// Once the lease is lost: how long CMD has between SIGTERM and SIGKILL.
-    #[arg(long, default_value_t = DEFAULT_LOCK_GRACE_SECONDS, value_parser = clap::value_parser!(u32).range(0..=3600))]
-    pub grace_seconds: u32,
+    /// How long CMD's process group has between SIGTERM and SIGKILL once the lease is lost.
+    /// SIGTERM comes when the server says the lease is gone, or when no renewal has been
+    /// confirmed and only this long (at most a third of the TTL) is left before the lease's
+    /// expiry less a safety margin. Unset: up to 10 s, and SIGKILL never later than that
+    /// expiry less the margin (at once for a lease that is gone). Given: exactly SECONDS, even
+    /// past the lease's expiry, which `fencelock lock` then says.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u32).range(0..=3600))]
+    pub grace_seconds: Option<u32>,
+
+    /// A PEM file of CA certificates to trust, beside the built-in roots, for an `https`
+    /// server whose certificate a private CA issued (or a self-signed one).
+    #[arg(long, env = "FENCELOCK_CACERT", value_name = "FILE")]
+    pub cacert: Option<std::path::PathBuf>,
 
     /// The command to run, and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]

@@ -20,10 +20,7 @@ pub fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            // clap's own message spans several lines; start-up errors are one line.
-            let rendered = e.to_string();
-            let first = rendered.lines().next().unwrap_or("invalid arguments");
-            eprintln!("fencelock: {}", first.trim_start_matches("error: "));
+            eprintln!("fencelock: {}", usage_error(&e.to_string()));
             return ExitCode::from(2);
         }
     };
@@ -33,6 +30,10 @@ pub fn main() -> ExitCode {
             command: Some(Command::Lock(args)),
             ..
         } => return lock_command::main(args),
+        Cli {
+            command: Some(Command::LockSentinel { join }),
+            ..
+        } => return lock_command::sentinel(join),
         cli => cli,
     };
     if let Some(Command::Token(TokenCommand::New { name })) = &cli.command {
@@ -49,7 +50,11 @@ pub fn main() -> ExitCode {
     // A check's answer is its one line on stdout; its logs only speak of trouble.
     let default_filter = match command {
         Command::Check => "warn",
-        Command::Serve | Command::Migrate | Command::Token(_) | Command::Lock(_) => "info",
+        Command::Serve
+        | Command::Migrate
+        | Command::Token(_)
+        | Command::Lock(_)
+        | Command::LockSentinel { .. } => "info",
     };
     let logs = match telemetry::init_with_default(settings.log_format, default_filter) {
         Ok(guard) => guard,
@@ -64,7 +69,7 @@ pub fn main() -> ExitCode {
             Command::Serve => serve(settings).await,
             Command::Migrate => migrate(settings).await,
             Command::Check => check(settings).await,
-            Command::Token(_) | Command::Lock(_) => {
+            Command::Token(_) | Command::Lock(_) | Command::LockSentinel { .. } => {
                 unreachable!("answered before the runtime starts")
             }
         }
@@ -123,5 +128,66 @@ fn new_token(name: &str) -> ExitCode {
             eprintln!("fencelock: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// clap's message for bad arguments, in one line as every start-up error is: its first
+/// paragraph with the lines under it (the arguments missing, the values possible) and its
+/// tips, then the usage. Only the first line would leave "the following required arguments
+/// were not provided:" naming none.
+fn usage_error(rendered: &str) -> String {
+    let mut line = String::new();
+    let mut usage = None;
+    for part in rendered.lines().map(str::trim) {
+        if part.is_empty() || part.starts_with("For more information") {
+            continue;
+        }
+        if let Some(rest) = part.strip_prefix("Usage: ") {
+            usage = Some(rest);
+            continue;
+        }
+        let part = part.trim_start_matches("error: ");
+        let separator = if line.is_empty() {
+            ""
+        } else if line.ends_with(':') {
+            " "
+        } else if part.starts_with("tip: ") {
+            "; "
+        } else {
+            ", "
+        };
+        line.push_str(separator);
+        line.push_str(part);
+    }
+    if line.is_empty() {
+        line.push_str("invalid arguments");
+    }
+    if let Some(usage) = usage {
+        line.push_str(&format!(" (usage: {usage})"));
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::usage_error;
+
+    #[test]
+    fn a_usage_error_keeps_the_lines_under_its_first() {
+        let rendered = "error: the following required arguments were not provided:\n  \
+            <RESOURCE>\n  <CMD>...\n\nUsage: fencelock lock <RESOURCE> -- <CMD>...\n\n\
+            For more information, try '--help'.\n";
+        assert_eq!(
+            usage_error(rendered),
+            "the following required arguments were not provided: <RESOURCE>, <CMD>... \
+             (usage: fencelock lock <RESOURCE> -- <CMD>...)"
+        );
+        let rendered = "error: unexpected argument '--ttl' found\n\n  tip: a similar argument \
+            exists: '--ttl-seconds'\n\nUsage: fencelock lock [OPTIONS] <RESOURCE> -- <CMD>...\n";
+        assert_eq!(
+            usage_error(rendered),
+            "unexpected argument '--ttl' found; tip: a similar argument exists: \
+             '--ttl-seconds' (usage: fencelock lock [OPTIONS] <RESOURCE> -- <CMD>...)"
+        );
     }
 }

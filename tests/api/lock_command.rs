@@ -28,17 +28,20 @@ contract_stores!(
     runs_the_command_with_the_fence_and_releases_after,
     a_lease_taken_over_stops_the_command,
     waits_for_the_holder_to_release,
+    a_deleted_lease_stops_the_whole_group,
 );
 
 /// `fencelock lock RESOURCE --url URL [args] -- sh -c SCRIPT`, in `dir`, with the
 /// environment of the tests' server processes (no setting leaks in from the developer's
-/// shell) and stdout and stderr captured.
+/// shell) and stdout and stderr captured. The script's own stderr goes to the file
+/// `cmd.err`, so that stderr holds only what `fencelock lock` says (a shell reports there
+/// each of its children that a signal to the group ended: "Terminated").
 fn lock(dir: &Path, url: &str, resource: &str, args: &[&str], script: &str) -> Command {
     let mut command = crate::process::command(None, dir);
     command
         .args(["lock", resource, "--url", url])
         .args(args)
-        .args(["--", "sh", "-c", script])
+        .args(["--", "sh", "-c", &format!("exec 2>cmd.err; {script}")])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut command = Command::from(command);
@@ -152,13 +155,13 @@ async fn the_command_status_is_passed_through() {
     assert_released(&app, "job:1").await;
 }
 
-/// SIGTERM, SIGINT and SIGHUP sent to `fencelock lock` reach CMD, whose status is then
+/// SIGTERM, SIGINT, SIGHUP and SIGQUIT sent to `fencelock lock` reach CMD, whose status is then
 /// `fencelock lock`'s; the lease is released after CMD has ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signals_reach_the_command() {
     let app = TestApp::spawn(StoreKind::Sqlite).await;
     let dir = tempfile::tempdir().unwrap();
-    for name in ["TERM", "INT", "HUP"] {
+    for name in ["TERM", "INT", "HUP", "QUIT"] {
         let marker = dir.path().join(name);
         let script = format!("trap 'echo {name} > {name}; exit 3' {name}; echo ready; {UNTIL_GO}");
         let mut child = lock(dir.path(), &app.address, "job:1", &[], &script)
@@ -280,4 +283,378 @@ async fn an_unreachable_server_is_69() {
     let command = lock(dir.path(), &url, "job:1", &[], "echo ran");
     let said = assert_refused(command, 69, "unreachable").await;
     assert!(said.starts_with("fencelock lock: "), "{said}");
+}
+
+/// Whether process `pid` runs: it exists and has not ended. A zombie (ended, not yet waited
+/// for) does not run; this container's init does not reap, so zombies stay.
+fn running(pid: i32) -> bool {
+    stat(pid).is_some_and(|fields| !matches!(fields[0].as_str(), "Z" | "X"))
+}
+
+/// The process group of `pid`, while it exists.
+fn process_group(pid: i32) -> Option<i32> {
+    stat(pid).and_then(|fields| fields.get(2)?.parse().ok())
+}
+
+/// The fields of `/proc/PID/stat` after the command name: state, parent, process group, ...
+fn stat(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// The process ids CMD wrote, one a line, to the file `pids` of `dir`.
+fn recorded_pids(dir: &Path, count: usize) -> Vec<i32> {
+    let text = std::fs::read_to_string(dir.join("pids")).expect("CMD wrote its pids");
+    let pids: Vec<i32> = text.lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert_eq!(pids.len(), count, "{text}");
+    pids
+}
+
+/// Asserts that none of `pids` runs; kills those that do first, so that a failure leaves
+/// nothing behind.
+fn assert_none_runs(pids: &[i32], context: &str) {
+    let left: Vec<i32> = pids.iter().copied().filter(|pid| running(*pid)).collect();
+    for pid in &left {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    assert!(left.is_empty(), "{context}: still running: {left:?}");
+}
+
+/// Waits, within [`PATIENCE`], until none of `pids` runs; then asserts it.
+async fn assert_all_end(pids: &[i32], context: &str) {
+    let start = Instant::now();
+    while pids.iter().any(|pid| running(*pid)) && start.elapsed() < PATIENCE {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_none_runs(pids, context);
+}
+
+/// True once no process is left in process group `pgid`.
+fn group_is_empty(pgid: i32) -> bool {
+    use nix::sys::signal::killpg;
+    killpg(nix::unistd::Pid::from_raw(pgid), None) == Err(nix::errno::Errno::ESRCH)
+}
+
+/// A CMD that starts a background `sleep` and one that ignores SIGTERM, and writes the pids
+/// of both and its own to `pids`, then says `ready`.
+const WITH_CHILDREN: &str = "sleep 301 & echo $! > pids; (trap '' TERM; exec sleep 302) & \
+    echo $! >> pids; echo $$ >> pids; echo ready";
+
+/// CMD runs in a process group of its own. When its lease goes (the row deleted, as an
+/// operator would), the whole group is stopped, not CMD alone: a `sleep` CMD started, and
+/// one that ignores SIGTERM. `fencelock lock` exits 124 only once the group is empty.
+async fn a_deleted_lease_stops_the_whole_group(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!("trap 'echo TERM >> signals' TERM; {WITH_CHILDREN}; {UNTIL_GO}");
+    let mut child = lock(
+        dir.path(),
+        &app.address,
+        "job:1",
+        &["--ttl-seconds", "3"],
+        &script,
+    )
+    .spawn()
+    .unwrap();
+    assert_eq!(line(&mut child).await, "ready");
+    let pids = recorded_pids(dir.path(), 3);
+    let own = i32::try_from(child.id().unwrap()).unwrap();
+    let group = process_group(pids[2]).expect("CMD runs");
+    assert_ne!(
+        Some(group),
+        process_group(own),
+        "CMD is in fencelock lock's group"
+    );
+    assert!(pids.iter().all(|pid| process_group(*pid) == Some(group)));
+
+    app.db
+        .execute("DELETE FROM leases WHERE resource = 'job:1'")
+        .await;
+    let output = finished(child).await;
+    // Nothing of the group is left the moment `fencelock lock` has ended.
+    let empty = group_is_empty(group);
+    assert_none_runs(&pids, "after the lease was deleted");
+    assert!(empty, "processes (or zombies) are left in CMD's group");
+    assert_eq!(output.status.code(), Some(124), "{output:?}");
+    let said = assert_failed_in_one_line(&output, "deleted lease");
+    assert!(said.contains("lost the lease on `job:1`"), "{said}");
+}
+
+/// By default, a CMD that traps SIGTERM and goes on is killed before its lease's expiry, by
+/// the server's reckoning: renewals blocked (the connection frozen), `fencelock lock` has
+/// ended, and its whole group with it, while the server still counts the lease as live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_ignoring_sigterm_is_killed_before_the_lease_expires() {
+    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    let proxy = Proxy::start(app.socket_address());
+    let url = format!("http://{}", proxy.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!("trap 'echo TERM >> signals' TERM; {WITH_CHILDREN}; {UNTIL_GO}");
+    // 10 s: the client's safety margin is then 1 s, room enough for a busy machine.
+    let mut child = lock(dir.path(), &url, "job:1", &["--ttl-seconds", "10"], &script)
+        .spawn()
+        .unwrap();
+    assert_eq!(line(&mut child).await, "ready");
+    let pids = recorded_pids(dir.path(), 3);
+    proxy.freeze();
+    // Nothing renews the lease from here on: it expires `expires_in_ms` after the server
+    // answered, which is after the question was asked.
+    let asked = Instant::now();
+    let response = app.inspect("job:1").await;
+    assert_eq!(response.status(), 200);
+    let body: serde_json::Value = response.json().await.unwrap();
+    let expiry = asked + Duration::from_millis(body["expires_in_ms"].as_u64().unwrap());
+
+    let output = finished(child).await;
+    let ended = Instant::now();
+    assert_none_runs(&pids, "after the lease was lost");
+    assert!(
+        ended < expiry,
+        "CMD's group outlived the lease by {:?}",
+        ended - expiry
+    );
+    assert_eq!(output.status.code(), Some(124), "{output:?}");
+    let said = assert_failed_in_one_line(&output, "ignored SIGTERM");
+    assert!(said.contains("lost the lease on `job:1`"), "{said}");
+    let signals = std::fs::read_to_string(dir.path().join("signals")).unwrap_or_default();
+    assert_eq!(signals.trim(), "TERM", "CMD did not get SIGTERM first");
+}
+
+/// `fencelock lock` killed with SIGKILL cannot stop CMD itself; CMD and everything it
+/// started must not run on without the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_fencelock_lock_kills_its_command() {
+    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!("{WITH_CHILDREN}; {UNTIL_GO}");
+    let mut child = lock(dir.path(), &app.address, "job:1", &[], &script)
+        .spawn()
+        .unwrap();
+    assert_eq!(line(&mut child).await, "ready");
+    let pids = recorded_pids(dir.path(), 3);
+    signal(child.id().unwrap(), "-KILL");
+    let _ = child.wait().await;
+    assert_all_end(&pids, "after fencelock lock was killed").await;
+}
+
+/// Processes CMD leaves behind when it ends are stopped before the lease is released (they
+/// would run on unprotected); CMD's status stays `fencelock lock`'s, and one line says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_left_behind_are_stopped_before_the_release() {
+    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!("{WITH_CHILDREN}; exit 3");
+    // The `sleep` that ignores SIGTERM gets SIGKILL 1 s later.
+    let args = ["--grace-seconds", "1"];
+    let output = lock(dir.path(), &app.address, "job:1", &args, &script)
+        .output()
+        .await
+        .unwrap();
+    let pids = recorded_pids(dir.path(), 3);
+    assert_none_runs(&pids, "after CMD ended");
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    let said = assert_failed_in_one_line(&output, "left behind");
+    assert!(said.contains("leaving processes in its group"), "{said}");
+    assert_released(&app, "job:1").await;
+}
+
+/// A signal passed on reaches the whole group: SIGTERM ends CMD (a shell) and the `sleep` it
+/// started, and `fencelock lock` ends with CMD's status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_reach_the_whole_group() {
+    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!("sleep 301 & echo $! > pids; echo $$ >> pids; echo ready; {UNTIL_GO}");
+    let mut child = lock(dir.path(), &app.address, "job:1", &[], &script)
+        .spawn()
+        .unwrap();
+    assert_eq!(line(&mut child).await, "ready");
+    let pids = recorded_pids(dir.path(), 2);
+    signal(child.id().unwrap(), "-TERM");
+    let output = finished(child).await;
+    assert_none_runs(&pids, "after SIGTERM");
+    assert_eq!(output.status.code(), Some(143), "{output:?}");
+    assert_released(&app, "job:1").await;
+}
+
+/// `--wait-seconds` longer than the server's `--max-wait-ms` (1 s here) waits in rounds:
+/// the holder releases after about 2.5 s, past the first round, and CMD runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_longer_than_the_servers_maximum_goes_in_rounds() {
+    let db = crate::helpers::TestDb::new(StoreKind::Sqlite).await;
+    let app = TestApp::spawn_on(db, |s| s.max_wait_ms = 1_000).await;
+    let client = Client::builder(&app.address).no_proxy().build().unwrap();
+    let holder = client
+        .lease("job:1", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--wait-seconds", "5"];
+    let waiter = lock(
+        dir.path(),
+        &app.address,
+        "job:1",
+        &args,
+        "echo $FENCELOCK_FENCE",
+    )
+    .spawn()
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let held_fence = holder.fence();
+    holder.release().await.unwrap();
+
+    let output = finished(waiter).await;
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(output.stderr.is_empty(), "{output:?}");
+    let fence: i64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(fence > held_fence, "{fence} after {held_fence}");
+}
+
+/// A refusal by the server is one readable line, the server's own words, not its JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_is_one_readable_line() {
+    let db = crate::helpers::TestDb::new(StoreKind::Sqlite).await;
+    // A server that does not wait at all.
+    let app = TestApp::spawn_on(db, |s| s.max_wait_ms = 0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let command = lock(
+        dir.path(),
+        &app.address,
+        "job:1",
+        &["--wait-seconds", "5"],
+        "echo ran",
+    );
+    let said = assert_refused(command, 69, "no waiting").await;
+    assert!(said.starts_with("fencelock lock: "), "{said}");
+    assert!(
+        said.contains("wait_ms must be an integer from 0 to 0"),
+        "{said}"
+    );
+    assert!(!said.contains('{'), "{said}");
+}
+
+/// `--cacert FILE` (or `FENCELOCK_CACERT`) trusts a private CA for an `https` server;
+/// without it the certificate is refused, and the line says what to do; a file that is not
+/// PEM, or is missing, is a usage error naming `--cacert`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cacert_trusts_a_private_ca() {
+    let pki = crate::tls::Pki::new();
+    let app = crate::tls::spawn_https(&pki).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = pki.path("ca.pem").display().to_string();
+    let output = lock(
+        dir.path(),
+        &app.address,
+        "job:1",
+        &["--cacert", &ca],
+        "echo $FENCELOCK_FENCE",
+    )
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse::<i64>()
+            .is_ok()
+    );
+    let mut by_env = lock(dir.path(), &app.address, "job:1", &[], "echo ran");
+    by_env.env("FENCELOCK_CACERT", &ca);
+    let output = by_env.output().await.unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let trusting = Client::builder(&app.address)
+        .no_proxy()
+        .add_root_certificate_pem(std::fs::read(&ca).unwrap())
+        .build()
+        .unwrap();
+    assert_eq!(
+        trusting.inspect("job:1").await.unwrap(),
+        None,
+        "not released"
+    );
+
+    let untrusting = lock(dir.path(), &app.address, "job:1", &[], "echo ran");
+    let said = assert_refused(untrusting, 69, "no --cacert").await;
+    assert!(said.contains("--cacert"), "{said}");
+
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not PEM").unwrap();
+    let junk = junk.display().to_string();
+    for file in [junk.as_str(), "/no/such/ca.pem"] {
+        let bad = lock(
+            dir.path(),
+            &app.address,
+            "job:1",
+            &["--cacert", file],
+            "echo ran",
+        );
+        let said = assert_refused(bad, 2, file).await;
+        assert!(said.contains("--cacert") && said.contains(file), "{said}");
+    }
+}
+
+/// A missing argument is named in the one line of the usage error, for `fencelock lock` as
+/// for every command.
+#[test]
+fn a_missing_argument_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &[&str]); 3] = [
+        (&["lock"], &["<RESOURCE>", "<CMD>"]),
+        (&["lock", "job:1"], &["<CMD>"]),
+        (&["token", "new"], &["<NAME>"]),
+    ];
+    for (args, named) in cases {
+        let output = crate::process::run(dir.path(), args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
+        let said = assert_failed_in_one_line(&output, &format!("{args:?}"));
+        assert!(said.contains("not provided"), "{args:?}: {said}");
+        for name in named {
+            assert!(said.contains(name), "{args:?}: {name} not in {said}");
+        }
+    }
+}
+
+/// Waits, within [`PATIENCE`], until `pid`'s state is `T` (stopped) or is not, as `stopped`
+/// says.
+async fn assert_becomes_stopped(pid: i32, stopped: bool, context: &str) {
+    let start = Instant::now();
+    let is = || stat(pid).is_some_and(|fields| fields[0] == "T");
+    while is() != stopped && start.elapsed() < PATIENCE {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(is(), stopped, "{context}: process {pid}");
+}
+
+/// A Ctrl-Z (SIGTSTP) stops CMD's group and `fencelock lock` together, as a shell stops a
+/// job (CMD must not run on while nothing renews its lease); SIGCONT, as `fg` sends it,
+/// continues both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_z_stops_the_command_with_fencelock_lock() {
+    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!("echo $$ > pids; echo ready; {UNTIL_GO}");
+    let mut child = lock(dir.path(), &app.address, "job:1", &[], &script)
+        .spawn()
+        .unwrap();
+    assert_eq!(line(&mut child).await, "ready");
+    let cmd = recorded_pids(dir.path(), 1)[0];
+    let own = child.id().unwrap();
+    signal(own, "-TSTP");
+    let own = i32::try_from(own).unwrap();
+    assert_becomes_stopped(cmd, true, "CMD after SIGTSTP").await;
+    assert_becomes_stopped(own, true, "fencelock lock after SIGTSTP").await;
+    signal(u32::try_from(own).unwrap(), "-CONT");
+    assert_becomes_stopped(own, false, "fencelock lock after SIGCONT").await;
+    assert_becomes_stopped(cmd, false, "CMD after SIGCONT").await;
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let output = finished(child).await;
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_released(&app, "job:1").await;
 }

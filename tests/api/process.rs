@@ -57,9 +57,10 @@ const SETTINGS: [(&str, &str); 21] = [
 /// The options of `fencelock lock`, with their variables where they have one, as its
 /// `--help` must name them (the server's settings are hidden there). The variables are
 /// cleared for the tests' processes, like [`SETTINGS`]'.
-const LOCK_SETTINGS: [(&str, Option<&str>); 5] = [
+const LOCK_SETTINGS: [(&str, Option<&str>); 6] = [
     ("--url", Some("FENCELOCK_URL")),
     ("--token", Some("FENCELOCK_TOKEN")),
+    ("--cacert", Some("FENCELOCK_CACERT")),
     ("--ttl-seconds", None),
     ("--wait-seconds", None),
     ("--grace-seconds", None),

@@ -20,13 +20,13 @@ use crate::process::{ServerProcess, command};
 
 /// A test CA and a server certificate it issued for `localhost` and `127.0.0.1`, as PEM
 /// files in a temporary directory.
-struct Pki {
+pub(crate) struct Pki {
     dir: tempfile::TempDir,
     ca_pem: String,
 }
 
 impl Pki {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca.distinguished_name
@@ -52,7 +52,7 @@ impl Pki {
         }
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
@@ -71,7 +71,7 @@ impl Pki {
     }
 }
 
-async fn spawn_https(pki: &Pki) -> TestApp {
+pub(crate) async fn spawn_https(pki: &Pki) -> TestApp {
     let tls =
         fencelock_server::tls_server_config(&pki.path("cert.pem"), &pki.path("key.pem")).unwrap();
     TestApp::spawn_on(TestDb::new(StoreKind::Sqlite).await, move |settings| {
