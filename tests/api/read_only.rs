@@ -177,9 +177,11 @@ async fn sqlite_on_a_read_only_file_system_serves_reads() {
     let mut wal = file.clone().into_os_string();
     wal.push("-wal");
     let wal = PathBuf::from(wal);
-    eventually("the stopped server's WAL is gone", Duration::from_secs(10), async || {
-        !wal.exists()
-    })
+    eventually(
+        "the stopped server's WAL is gone",
+        Duration::from_secs(10),
+        async || !wal.exists(),
+    )
     .await;
     let mount_point = disk.path().to_str().unwrap();
     run("mount", &["-o", "remount,ro", mount_point]);
