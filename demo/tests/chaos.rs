@@ -73,6 +73,18 @@ fn number_in(stdout: &str, line: &str, what: &str) -> u64 {
         .unwrap()
 }
 
+/// The report of a run that passed: it succeeded, with 1,000 operations or more and no
+/// violation.
+fn passed(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let [operations, _, _, violations] = last_line(&stdout);
+    assert_eq!(violations, 0, "{stdout}");
+    assert!(operations >= 1000, "{stdout}");
+    stdout
+}
+
 /// A run waited, had waiters leave, and (where `kills`) killed instances holding waiters.
 fn assert_waiting_exercised(stdout: &str, kills: bool) {
     let waited = number_in(stdout, "chaos: waiting:", "waited acquisitions");
@@ -96,12 +108,8 @@ async fn a_short_run_on_postgresql_passes_with_every_fault() {
         "--database-url",
         &db.url(),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let [operations, faults, _, violations] = last_line(&stdout);
-    assert_eq!(violations, 0, "{stdout}");
-    assert!(operations >= 1000, "{stdout}");
+    let stdout = passed(&out);
+    let [_, faults, _, _] = last_line(&stdout);
     let (kills, cuts, pauses) = (
         faults_of(&stdout, "kill -9"),
         faults_of(&stdout, "connection cuts"),
@@ -116,13 +124,7 @@ async fn a_short_run_on_postgresql_passes_with_every_fault() {
 /// waiting and departing waiters; no connection to cut.
 #[test]
 fn a_short_run_on_sqlite_passes_with_every_fault() {
-    let out = chaos(&["--seconds", "15", "--seed", "7"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let [operations, _, _, violations] = last_line(&stdout);
-    assert_eq!(violations, 0, "{stdout}");
-    assert!(operations >= 1000, "{stdout}");
+    let stdout = passed(&chaos(&["--seconds", "15", "--seed", "7"]));
     assert!(faults_of(&stdout, "kill -9") >= 1, "{stdout}");
     assert_waiting_exercised(&stdout, true);
 }

@@ -309,6 +309,20 @@ async fn acquire_on(server: &ServerProcess, token: &str, resource: &str) -> reqw
 /// How long the server may take to handle a signal, which it does asynchronously.
 const SIGNAL_HANDLED: Duration = Duration::from_secs(10);
 
+/// Writes `contents` to the auth file, sends SIGHUP, and waits until `check` holds.
+async fn reload_until(
+    server: &mut ServerProcess,
+    path: &std::path::Path,
+    contents: &str,
+    what: &str,
+    mut check: impl AsyncFnMut(&ServerProcess) -> bool,
+) {
+    std::fs::write(path, contents).unwrap();
+    server.signal("-HUP");
+    let server = &*server;
+    eventually(what, SIGNAL_HANDLED, async || check(server).await).await;
+}
+
 /// SIGHUP reads the file again: a new token works without a restart; a bad file is logged
 /// at ERROR and the tokens in force stay.
 #[tokio::test]
@@ -326,12 +340,12 @@ async fn sighup_reloads_the_auth_file_and_a_bad_file_keeps_the_old_tokens() {
     assert_eq!(acquire_on(&server, NEWCOMER, "jobs:a").await.status(), 401);
 
     let grown = auth_file() + &token_entry("jobs", NEWCOMER, &["jobs:"], &["lock"]);
-    std::fs::write(&path, grown).unwrap();
-    server.signal("-HUP");
-    eventually(
+    reload_until(
+        &mut server,
+        &path,
+        &grown,
         "the new token is let in after SIGHUP",
-        SIGNAL_HANDLED,
-        async || acquire_on(&server, NEWCOMER, "jobs:a").await.status() == 200,
+        async |server| acquire_on(server, NEWCOMER, "jobs:a").await.status() == 200,
     )
     .await;
     server.assert_logged("auth file reloaded").await;
@@ -380,20 +394,20 @@ async fn an_auth_file_without_tokens_is_warned_about() {
         401
     );
 
-    std::fs::write(&path, auth_file()).unwrap();
-    server.signal("-HUP");
-    eventually(
+    reload_until(
+        &mut server,
+        &path,
+        &auth_file(),
         "the tokens are let in after SIGHUP",
-        SIGNAL_HANDLED,
-        async || acquire_on(&server, BILLING, "billing:a").await.status() == 200,
+        async |server| acquire_on(server, BILLING, "billing:a").await.status() == 200,
     )
     .await;
-    std::fs::write(&path, "").unwrap();
-    server.signal("-HUP");
-    eventually(
+    reload_until(
+        &mut server,
+        &path,
+        "",
         "the empty file is warned about",
-        SIGNAL_HANDLED,
-        async || warned(&server.log_text()) == 2,
+        async |server| warned(&server.log_text()) == 2,
     )
     .await;
     assert_eq!(

@@ -366,16 +366,19 @@ async fn connections_beyond_the_cap_wait_for_a_free_slot(kind: StoreKind) {
     drop(silent);
 }
 
+/// A connection to `app` that has sent `bytes`.
+async fn connected(app: &TestApp, bytes: &[u8]) -> TcpStream {
+    let mut stream = TcpStream::connect(app.socket_address()).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    stream
+}
+
 /// A head that stops halfway is answered `408` with its whole problem document before the
 /// close: the body read up to the end of the connection is exactly as long as the
 /// `Content-Length` the answer declares.
 async fn a_slow_head_gets_its_whole_408_before_the_close(kind: StoreKind) {
     let app = app_with_short_timeout(kind).await;
-    let mut stream = TcpStream::connect(app.socket_address()).await.unwrap();
-    stream
-        .write_all(b"POST /locks/job:1 HTTP/1.1\r\nHost: x\r\n")
-        .await
-        .unwrap();
+    let mut stream = connected(&app, b"POST /locks/job:1 HTTP/1.1\r\nHost: x\r\n").await;
     let mut received = Vec::new();
     let read = tokio::time::timeout(TIMEOUT + MARGIN, stream.read_to_end(&mut received)).await;
     assert!(
@@ -489,11 +492,7 @@ async fn read_answer(stream: &mut TcpStream) -> Option<crate::helpers::RawRespon
 /// A keep-alive connection left idle after a request is closed after the request timeout.
 async fn idle_connections_are_closed(kind: StoreKind) {
     let app = app_with_short_timeout(kind).await;
-    let mut stream = TcpStream::connect(app.socket_address()).await.unwrap();
-    stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let mut stream = connected(&app, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
     let started = Instant::now();
     let mut received = Vec::new();
     let mut buffer = [0u8; 4096];

@@ -63,6 +63,33 @@ async fn line(child: &mut Child) -> String {
 }
 
 /// Waits for `fencelock lock` to end, within [`PATIENCE`].
+/// `fencelock lock` on `job:1` with a TTL of `ttl_seconds`, talking to the server through a
+/// proxy the test can freeze, once its CMD (`script`, which prints `ready`) has started.
+struct Proxied {
+    app: TestApp,
+    proxy: Proxy,
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+async fn behind_a_proxy(ttl_seconds: u32, script: &str) -> Proxied {
+    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    let proxy = Proxy::start(app.socket_address());
+    let url = format!("http://{}", proxy.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = ttl_seconds.to_string();
+    let mut child = lock(dir.path(), &url, "job:1", &["--ttl-seconds", &ttl], script)
+        .spawn()
+        .unwrap();
+    assert_eq!(line(&mut child).await, "ready");
+    Proxied {
+        app,
+        proxy,
+        dir,
+        child,
+    }
+}
+
 async fn finished(child: Child) -> Output {
     tokio::time::timeout(PATIENCE, child.wait_with_output())
         .await
@@ -149,10 +176,22 @@ async fn the_command_status_is_passed_through() {
         "/nonexistent/cmd",
     ]);
     let output = missing.output().unwrap();
-    assert_eq!(output.status.code(), Some(127), "{output:?}");
-    let said = assert_failed_in_one_line(&output, "missing CMD");
-    assert!(said.contains("/nonexistent/cmd"), "{said}");
+    assert_ended_saying(&output, 127, "missing CMD", "/nonexistent/cmd");
     assert_released(&app, "job:1").await;
+}
+
+/// Asserts that `fencelock lock` exited with `status`, saying one line (about `what`) that
+/// contains `words`; returns that line.
+fn assert_ended_saying(
+    output: &std::process::Output,
+    status: i32,
+    what: &str,
+    words: &str,
+) -> String {
+    assert_eq!(output.status.code(), Some(status), "{output:?}");
+    let said = assert_failed_in_one_line(output, what);
+    assert!(said.contains(words), "{said}");
+    said
 }
 
 /// SIGTERM, SIGINT, SIGHUP and SIGQUIT sent to `fencelock lock` reach CMD, whose status is then
@@ -182,21 +221,18 @@ async fn signals_reach_the_command() {
 /// exits 124, with one line saying the lease was lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_renewals_stop_the_command() {
-    let app = TestApp::spawn(StoreKind::Sqlite).await;
-    let proxy = Proxy::start(app.socket_address());
-    let url = format!("http://{}", proxy.addr());
-    let dir = tempfile::tempdir().unwrap();
     let script = format!("trap 'touch stopped; exit 0' TERM; echo ready; {UNTIL_GO}");
-    let mut child = lock(dir.path(), &url, "job:1", &["--ttl-seconds", "2"], &script)
-        .spawn()
-        .unwrap();
-    assert_eq!(line(&mut child).await, "ready");
+    // The server lives to the end of the test.
+    let Proxied {
+        app: _app,
+        proxy,
+        dir,
+        child,
+    } = behind_a_proxy(2, &script).await;
     proxy.freeze();
     let frozen = Instant::now();
     let output = finished(child).await;
-    assert_eq!(output.status.code(), Some(124), "{output:?}");
-    let said = assert_failed_in_one_line(&output, "lost lease");
-    assert!(said.contains("lost the lease on `job:1`"), "{said}");
+    assert_ended_saying(&output, 124, "lost lease", "lost the lease on `job:1`");
     assert!(
         dir.path().join("stopped").exists(),
         "CMD did not get SIGTERM"
@@ -226,9 +262,7 @@ async fn a_lease_taken_over_stops_the_command(kind: StoreKind) {
     let taken = Instant::now();
 
     let output = finished(child).await;
-    assert_eq!(output.status.code(), Some(124), "{output:?}");
-    let said = assert_failed_in_one_line(&output, "taken over");
-    assert!(said.contains("lost the lease on `job:1`"), "{said}");
+    assert_ended_saying(&output, 124, "taken over", "lost the lease on `job:1`");
     let signals = std::fs::read_to_string(dir.path().join("signals")).unwrap_or_default();
     assert_eq!(signals.trim(), "TERM", "CMD did not get SIGTERM");
     // A renewal comes every second (a third of 3 s) and the grace is 1 s; without SIGKILL
@@ -378,9 +412,7 @@ async fn a_deleted_lease_stops_the_whole_group(kind: StoreKind) {
     let empty = group_is_empty(group);
     assert_none_runs(&pids, "after the lease was deleted");
     assert!(empty, "processes (or zombies) are left in CMD's group");
-    assert_eq!(output.status.code(), Some(124), "{output:?}");
-    let said = assert_failed_in_one_line(&output, "deleted lease");
-    assert!(said.contains("lost the lease on `job:1`"), "{said}");
+    assert_ended_saying(&output, 124, "deleted lease", "lost the lease on `job:1`");
 }
 
 /// By default, a CMD that traps SIGTERM and goes on is killed before its lease's expiry, by
@@ -388,16 +420,14 @@ async fn a_deleted_lease_stops_the_whole_group(kind: StoreKind) {
 /// ended, and its whole group with it, while the server still counts the lease as live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_ignoring_sigterm_is_killed_before_the_lease_expires() {
-    let app = TestApp::spawn(StoreKind::Sqlite).await;
-    let proxy = Proxy::start(app.socket_address());
-    let url = format!("http://{}", proxy.addr());
-    let dir = tempfile::tempdir().unwrap();
     let script = format!("trap 'echo TERM >> signals' TERM; {WITH_CHILDREN}; {UNTIL_GO}");
     // 10 s: the client's safety margin is then 1 s, room enough for a busy machine.
-    let mut child = lock(dir.path(), &url, "job:1", &["--ttl-seconds", "10"], &script)
-        .spawn()
-        .unwrap();
-    assert_eq!(line(&mut child).await, "ready");
+    let Proxied {
+        app,
+        proxy,
+        dir,
+        child,
+    } = behind_a_proxy(10, &script).await;
     let pids = recorded_pids(dir.path(), 3);
     proxy.freeze();
     // Nothing renews the lease from here on: it expires `expires_in_ms` after the server
@@ -416,9 +446,7 @@ async fn a_command_ignoring_sigterm_is_killed_before_the_lease_expires() {
         "CMD's group outlived the lease by {:?}",
         ended - expiry
     );
-    assert_eq!(output.status.code(), Some(124), "{output:?}");
-    let said = assert_failed_in_one_line(&output, "ignored SIGTERM");
-    assert!(said.contains("lost the lease on `job:1`"), "{said}");
+    assert_ended_saying(&output, 124, "ignored SIGTERM", "lost the lease on `job:1`");
     let signals = std::fs::read_to_string(dir.path().join("signals")).unwrap_or_default();
     assert_eq!(signals.trim(), "TERM", "CMD did not get SIGTERM first");
 }
@@ -455,9 +483,7 @@ async fn processes_left_behind_are_stopped_before_the_release() {
         .unwrap();
     let pids = recorded_pids(dir.path(), 3);
     assert_none_runs(&pids, "after CMD ended");
-    assert_eq!(output.status.code(), Some(3), "{output:?}");
-    let said = assert_failed_in_one_line(&output, "left behind");
-    assert!(said.contains("leaving processes in its group"), "{said}");
+    assert_ended_saying(&output, 3, "left behind", "leaving processes in its group");
     assert_released(&app, "job:1").await;
 }
 

@@ -730,6 +730,11 @@ mod tests {
         }
     }
 
+    /// Asserts that one of `found` says `text`.
+    fn assert_found(found: &[String], text: &str) {
+        assert!(found.iter().any(|v| v.contains(text)), "{found:#?}");
+    }
+
     fn violations(history: &History) -> Vec<String> {
         history.check().into_iter().map(|v| v.0).collect()
     }
@@ -812,8 +817,8 @@ mod tests {
             .records
             .push(record("j", 2000, 2010, acquired("d", lease(3, 2000, 1000))));
         let found = violations(&history);
-        assert!(found.iter().any(|v| v.contains("fence 3 was issued twice")));
-        assert!(found.iter().any(|v| v.contains("not above fence 3")));
+        assert_found(&found, "fence 3 was issued twice");
+        assert_found(&found, "not above fence 3");
     }
 
     #[test]
@@ -823,12 +828,7 @@ mod tests {
         history.records[2] = record("k", 900, 910, acquired("b", lease(2, 900, 1000)));
         history.records.remove(5); // the inspection of B as it was
         let found = violations(&history);
-        assert!(
-            found
-                .iter()
-                .any(|v| v.contains("while fence 1 (not released by then)")),
-            "{found:#?}"
-        );
+        assert_found(&found, "while fence 1 (not released by then)");
 
         // Had A sent a release, its end is unknown: B may start before A's expiry.
         let mut history = fair();
@@ -844,10 +844,7 @@ mod tests {
         // But never before A started.
         history.records[3] = record("k", 900, 910, acquired("b", lease(2, -5, 1000)));
         let found = violations(&history);
-        assert!(
-            found.iter().any(|v| v.contains("before fence 1 started")),
-            "{found:#?}"
-        );
+        assert_found(&found, "before fence 1 started");
     }
 
     #[test]
@@ -948,11 +945,9 @@ mod tests {
         let mut history = with_store_history(vec![]);
         history.lease_histories.get_mut("k").unwrap().remove(1); // fence 2
         let found = violations(&history);
-        assert!(
-            found
-                .iter()
-                .any(|v| v.contains("fence 2 was acknowledged but is not in the store's history")),
-            "{found:#?}"
+        assert_found(
+            &found,
+            "fence 2 was acknowledged but is not in the store's history",
         );
     }
 }

@@ -379,17 +379,13 @@ async fn inject_faults(
     while Instant::now() + Duration::from_millis(1500) < deadline {
         let cut_turn = proxy.is_some() && turn % 2 == 1;
         turn += 1;
+        let from_us = micros_since(start);
         if let (true, Some(proxy)) = (cut_turn, proxy) {
             let down = Duration::from_millis(rng.random_range(200..1500));
-            let from_us = micros_since(start);
             proxy.cut();
             tokio::time::sleep(down).await;
             proxy.thaw();
             faults.cuts += 1;
-            faults.spans.push(Fault {
-                from_us,
-                until_us: micros_since(start),
-            });
             say!(
                 "chaos: {:>6.2} s: store connections cut for {} ms",
                 secs(start),
@@ -408,7 +404,6 @@ async fn inject_faults(
                 rng.random_range(0..servers.len())
             };
             let server = &mut servers[i];
-            let from_us = micros_since(start);
             server.kill9();
             if holding.contains(&i) {
                 faults.kills_with_waiters += 1;
@@ -419,10 +414,6 @@ async fn inject_faults(
             server.start()?;
             server.wait_ready(http).await?;
             faults.kills += 1;
-            faults.spans.push(Fault {
-                from_us,
-                until_us: micros_since(start),
-            });
             say!(
                 "chaos: {:>6.2} s: instance {i} (port {}) killed with SIGKILL, down {} ms, ready again after {} ms",
                 secs(start),
@@ -431,6 +422,11 @@ async fn inject_faults(
                 restarted.elapsed().as_millis()
             );
         }
+        // Until the instance was ready again, or the connections were restored.
+        faults.spans.push(Fault {
+            from_us,
+            until_us: micros_since(start),
+        });
         let rest = Duration::from_millis(rng.random_range(300..1200));
         tokio::time::sleep(rest.min(deadline.saturating_duration_since(Instant::now()))).await;
     }
