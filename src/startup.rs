@@ -16,6 +16,7 @@ use crate::routes::auth::Gate;
 use crate::routes::metrics::LeaseMetrics;
 use crate::routes::{self, AppState};
 use crate::store::chore::Chore;
+use crate::store::heartbeat::Heartbeat;
 use crate::store::live::LiveLeases;
 use crate::store::metered::{Metered, StoreMetrics};
 use crate::store::purge::{Keep, Purge};
@@ -91,6 +92,8 @@ pub struct Application {
     store: SharedStore,
     purge: Chore,
     live: Chore,
+    /// Keeps this process's waiters' tickets alive in the store.
+    heartbeat: Chore,
     auth: Option<Arc<Auth>>,
 }
 
@@ -211,12 +214,14 @@ impl Application {
         };
         let purge = Purge::start(store.clone(), keep, settings.purge_interval);
         let live = LiveLeases::start(store.clone(), live_leases, settings.live_leases_interval);
+        let heartbeat = Heartbeat::start(store.clone());
         Ok(Self {
             port,
             server,
             store,
             purge,
             live,
+            heartbeat,
             auth: settings.auth,
         })
     }
@@ -246,6 +251,7 @@ impl Application {
         let served = self.server.await;
         self.purge.stop().await;
         self.live.stop().await;
+        self.heartbeat.stop().await;
         tracing::info!("fencelock stopped");
         served.context("serving HTTP")
     }
