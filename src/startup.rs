@@ -16,6 +16,7 @@ use crate::routes::auth::Gate;
 use crate::routes::metrics::LeaseMetrics;
 use crate::routes::{self, AppState};
 use crate::store::chore::Chore;
+use crate::store::heartbeat::Heartbeat;
 use crate::store::live::LiveLeases;
 use crate::store::metered::{Metered, StoreMetrics};
 use crate::store::purge::{Keep, Purge};
@@ -229,6 +230,8 @@ pub struct Application {
     store: SharedStore,
     purge: Chore,
     live: Chore,
+    /// Keeps this process's waiters' tickets alive in the store.
+    heartbeat: Chore,
     auth: Option<Arc<Auth>>,
 }
 
@@ -425,6 +428,7 @@ impl Application {
             serving.live_leases,
             settings.live_leases_interval,
         );
+        let heartbeat = Heartbeat::start(store.clone());
         Self {
             port: serving.port,
             serving: serving.serving,
@@ -432,6 +436,7 @@ impl Application {
             store,
             purge,
             live,
+            heartbeat,
             auth: settings.auth,
         }
     }
@@ -461,6 +466,7 @@ impl Application {
         let served = self.serving.await;
         self.purge.stop().await;
         self.live.stop().await;
+        self.heartbeat.stop().await;
         tracing::info!("fencelock stopped");
         served
             .context("the HTTP server's task")?

@@ -27,6 +27,8 @@
 
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
+
 use tokio::sync::oneshot;
 
 use crate::store::{Deadline, SharedStore, StoreError};
@@ -99,8 +101,12 @@ impl Waiter {
         changes.mark_seen();
         let first = self.attempt(&self.req).await;
         let stop = match first {
-            Ok(AcquireOutcome::Held { free_in }) if Instant::now() < until => {
-                self.queue(until, free_in, &mut changes, &mut reply).await
+            Ok(AcquireOutcome::Held {
+                free_in,
+                delayed_until,
+            }) if Instant::now() < until => {
+                self.queue(until, free_in, delayed_until, &mut changes, &mut reply)
+                    .await
             }
             other => Stop::Answer(other),
         };
@@ -125,6 +131,7 @@ impl Waiter {
         &self,
         until: Instant,
         mut free_in: Duration,
+        mut delayed_until: Option<DateTime<Utc>>,
         changes: &mut Subscription,
         reply: &mut oneshot::Sender<Result<Waited, StoreError>>,
     ) -> Stop {
@@ -148,10 +155,12 @@ impl Waiter {
         loop {
             let now = Instant::now();
             if now >= until {
-                return Stop::Answer(Ok(self
-                    .leave(ticket)
-                    .await
-                    .unwrap_or(AcquireOutcome::Held { free_in })));
+                return Stop::Answer(Ok(self.leave(ticket).await.unwrap_or(
+                    AcquireOutcome::Held {
+                        free_in,
+                        delayed_until,
+                    },
+                )));
             }
             if !place.is_first() {
                 // Someone of this process is ahead: it cannot be granted before that one is
@@ -181,7 +190,10 @@ impl Waiter {
             attempted_first = true;
             let seen = changes.mark_seen();
             match self.attempt(&req).await {
-                Ok(AcquireOutcome::Held { free_in: next }) => free_in = next,
+                Ok(AcquireOutcome::Held {
+                    free_in: next,
+                    delayed_until: delay,
+                }) => (free_in, delayed_until) = (next, delay),
                 // A grant takes the ticket out of the queue in the same step.
                 Ok(AcquireOutcome::Acquired { lease, how }) => {
                     place.leave_granted(Handoff::holding(seen, &lease));

@@ -13,8 +13,8 @@ use super::{AppState, parse, wire};
 use crate::auth::Permission;
 use crate::store::{Deadline, StoreError};
 use fencelock::domain::{
-    AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Lease, ReleaseOutcome,
-    ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ttl,
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Inspection, Lease,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ttl,
 };
 use fencelock::http::ApiError;
 use fencelock::http::body::{JsonObject, Object};
@@ -42,6 +42,12 @@ enum AcquireResponse<'a> {
     Held {
         acquired: bool,
         resource: &'a str,
+        /// Only when the refusal is a lock delay (another owner's lease expired less than
+        /// its `lock_delay_ms` ago): when the delay ends, and no sooner may another owner
+        /// acquire the resource.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        #[schema(format = DateTime)]
+        delayed_until: Option<String>,
     },
 }
 
@@ -84,11 +90,16 @@ pub(super) async fn acquire(
             log_refusal(&request.resource, &caller, "the token is at its quota");
             return Err(caller.quota_exceeded(*max_leases));
         }
-        AcquireOutcome::Held { .. } => {
-            log_refusal(&request.resource, &caller, "held by another owner");
+        AcquireOutcome::Held { delayed_until, .. } => {
+            let why = match delayed_until {
+                Some(_) => "inside the lock delay of another owner's expired lease",
+                None => "held by another owner",
+            };
+            log_refusal(&request.resource, &caller, why);
             AcquireResponse::Held {
                 acquired: false,
                 resource: request.resource.as_str(),
+                delayed_until: delayed_until.map(view::rfc3339_millis),
             }
         }
     };
@@ -108,10 +119,16 @@ pub(super) async fn inspect(
     LockRead(resource, state): LockRead<ResourceName>,
 ) -> Result<HttpResponse, ApiError> {
     match state.ask(state.store.inspect(&resource)).await? {
-        Some(lease) => {
+        Inspection::Live(lease) => {
             Ok(HttpResponse::Ok().json(LockView::without_owner(&lease, state.fence_key.as_ref())))
         }
-        None => Err(no_live_lease(&resource)),
+        Inspection::Delayed { until } => Err(ApiError::Delayed {
+            detail: format!(
+                "there is no live lease on {resource}; the last one expired, and its lock delay keeps other owners out until delayed_until"
+            ),
+            until,
+        }),
+        Inspection::Absent => Err(no_live_lease(&resource)),
     }
 }
 

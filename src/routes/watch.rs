@@ -63,7 +63,7 @@ pub(super) async fn watch(
                 .await?
         }
         None => Watching {
-            lease: state.ask(state.store.inspect(&resource)).await?,
+            lease: state.ask(state.store.inspect(&resource)).await?.live(),
             registration: Registration::none(),
         },
     };
@@ -74,7 +74,7 @@ pub(super) async fn watch(
             Some(lease) => lease,
             None => {
                 changes.mark_seen();
-                state.ask(state.store.inspect(&resource)).await?
+                state.ask(state.store.inspect(&resource)).await?.live()
             }
         };
         let watched = query

@@ -165,7 +165,10 @@ pub(crate) struct ReleaseBody {
 // The problem answers of each operation, beyond those of the HTTP layer.
 fencelock::problem_answers! {
     AcquireProblems => lock_problems(with_body(vec![ApiError::QuotaExceeded(String::new())]));
-    InspectProblems => lock_problems(vec![ApiError::NotFound(String::new())]);
+    InspectProblems => lock_problems(vec![
+        ApiError::NotFound(String::new()),
+        ApiError::Delayed { detail: String::new(), until: chrono::DateTime::UNIX_EPOCH },
+    ]);
     ReleaseProblems => lock_problems(with_body(holder_refusals(vec![
         ApiError::Forbidden(String::new()),
     ])));

@@ -9,8 +9,8 @@ use prometheus::{HistogramVec, IntCounterVec};
 use super::{Deadline, LeaseStore, SharedStore, StoreError};
 use crate::wake::{Changes, Watching};
 use fencelock::domain::{
-    AcquireOutcome, AcquireRequest, HistoryRequest, Lease, LeaseHistory, LeasePage, ListRequest,
-    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ticket,
+    AcquireOutcome, AcquireRequest, HistoryRequest, Inspection, Lease, LeaseHistory, LeasePage,
+    ListRequest, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ticket,
 };
 use fencelock::metrics::{self, Registry, label};
 
@@ -120,7 +120,7 @@ macro_rules! timed_operations {
 
 timed_operations! {
     acquire(req: &AcquireRequest, deadline: Deadline) -> AcquireOutcome = ACQUIRE;
-    inspect(resource: &ResourceName) -> Option<Lease> = INSPECT;
+    inspect(resource: &ResourceName) -> Inspection = INSPECT;
     renew(req: &RenewRequest, deadline: Deadline) -> RenewOutcome = RENEW;
     release(req: &ReleaseRequest, deadline: Deadline) -> ReleaseOutcome = RELEASE;
     // Timed per batch: `purge_expired` (the trait's own) calls this once per batch.
@@ -144,6 +144,16 @@ timed_operations! {
 
     async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory, StoreError> {
         self.counted(self.inner.history(req)).await
+    }
+
+    async fn beat(&self, tickets: &[Ticket]) -> Result<(), StoreError> {
+        self.counted(self.inner.beat(tickets)).await
+    }
+
+    // Trimming the history is a purge too.
+    async fn trim_history(&self, keep: u64, recent: Duration) -> Result<u64, StoreError> {
+        self.timed(label::op::PURGE, self.inner.trim_history(keep, recent))
+            .await
     }
 
     fn changes(&self) -> std::sync::Arc<Changes> {

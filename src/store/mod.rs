@@ -11,6 +11,7 @@
 
 pub(crate) mod chore;
 mod config;
+pub(crate) mod heartbeat;
 pub(crate) mod live;
 pub(crate) mod metered;
 pub(crate) mod postgres;
@@ -27,11 +28,23 @@ use crate::wake::{Changes, Registration, Watching};
 pub(crate) use config::{DEFAULT_MIGRATION_LOCK_TIMEOUT_SECONDS, DEFAULT_PG_BATCH_MAX};
 pub use config::{DEFAULT_POOL_SIZE, DEFAULT_STORE_TIMEOUT_MS, StoreConfig, StoreOptions};
 use fencelock::domain::{
-    AcquireOutcome, AcquireRequest, HistoryRequest, Lease, LeaseHistory, LeasePage, ListRequest,
-    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ticket,
+    AcquireOutcome, AcquireRequest, HistoryRequest, Inspection, Lease, LeaseHistory, LeasePage,
+    ListRequest, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, ResourceName, Ticket,
 };
 
 pub use fencelock::StoreError;
+
+/// How long a waiter's ticket counts without a heartbeat ([`LeaseStore::beat`]): a ticket of
+/// a process that died stops holding its queue up (and being granted the lease) this long
+/// after the last beat. The PostgreSQL migration V17 gives a provisional grant the same time.
+pub(crate) const TICKET_LIFE: Duration = Duration::from_secs(2);
+
+/// How often a process's waiters' tickets are extended: four beats per [`TICKET_LIFE`], so
+/// that a beat held up by a slow store, or two, costs no ticket its place.
+pub(crate) const BEAT_EVERY: Duration = Duration::from_millis(500);
+
+/// The most history rows the purge keeps per resource (its newest leases).
+pub(crate) const HISTORY_PER_RESOURCE: u64 = 1000;
 
 /// Rows one purge step deletes at most.
 pub(crate) const PURGE_BATCH: u64 = 10_000;
@@ -98,12 +111,19 @@ pub trait LeaseStore: Send + Sync + 'static {
         ticket: Ticket,
     ) -> Result<Option<Lease>, StoreError>;
 
+    /// The waiters of this process are alive: extends the life of each of their `tickets` (a
+    /// heartbeat, [`TICKET_LIFE`] from now, never past the ticket's wait), in one step. A
+    /// ticket that no heartbeat extends stops counting once its life has passed: it holds no
+    /// queue up and is granted nothing.
+    async fn beat(&self, tickets: &[Ticket]) -> Result<(), StoreError>;
+
     /// The wake registry this store announces changes to: the grants, releases and
     /// dequeues of every process sharing the store (see the `wake` module).
     fn changes(&self) -> Arc<Changes>;
 
-    /// The live lease of `resource`, if any. Expired leases are absent.
-    async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError>;
+    /// The live lease of `resource`, or the end of the lock delay of another owner's lease
+    /// that expired; otherwise absent.
+    async fn inspect(&self, resource: &ResourceName) -> Result<Inspection, StoreError>;
 
     /// Starts a watch of `resource` for at most `timeout`: from its return until the
     /// registration is dropped, every change of the resource's lease reaches
@@ -116,7 +136,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> Result<Watching, StoreError> {
         let _ = timeout;
         Ok(Watching {
-            lease: self.inspect(resource).await?,
+            lease: self.inspect(resource).await?.live(),
             registration: Registration::none(),
         })
     }
@@ -161,6 +181,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn purge_history(&self, retention: Duration) -> Result<u64, StoreError> {
         in_batches(|limit| self.purge_history_batch(retention, limit)).await
     }
+
+    /// Trims the history of every resource acquired in the last `recent` to its newest
+    /// `keep` leases; returns how many rows it deleted.
+    async fn trim_history(&self, keep: u64, recent: Duration) -> Result<u64, StoreError>;
 
     /// How many live leases the store holds: a range scan of the expiry index, for the
     /// `fencelock_live_leases` gauge.

@@ -21,12 +21,12 @@ use tokio::sync::OnceCell;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use super::{Deadline, LeaseStore, StoreError};
+use super::{Deadline, LeaseStore, StoreError, TICKET_LIFE};
 use crate::wake::{Changes, Registration, Watching};
 use fencelock::domain::{
-    AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Lease, LeaseHistory, Owner,
-    PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
-    ResourceName, Ticket,
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Inspection, Lease,
+    LeaseHistory, Owner, PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome,
+    RenewRequest, ResourceName, Ticket,
 };
 use fencelock::domain::{LeasePage, ListRequest, ListedLease};
 use fencelock::metrics::Registry;
@@ -534,10 +534,15 @@ FROM fencelock_acquire($1, $2, $3, $8, $4::text, $5::integer, $6::integer, $7::b
 ///
 /// The acquisition goes with the ticket, for a release to grant it (migration V10), unless it
 /// has a token quota (`$3` NULL): that is counted under the token's lock, by the waiter.
+///
+/// The ticket lives by its heartbeat (migration V17): `$7` ms at first, never past the wait's
+/// end (`wait_until`), extended by [`BEAT`] while its waiter is alive.
 const ENQUEUE: &str = "
 WITH waiter AS (
-    INSERT INTO lease_waiters (resource, expires_at, owner, ttl_seconds, token, lock_delay_ms)
-    VALUES ($1, now() + $2::bigint * interval '1 millisecond', $3, $4, $5, $6)
+    INSERT INTO lease_waiters (resource, wait_until, expires_at, owner, ttl_seconds, token,
+                               lock_delay_ms)
+    VALUES ($1, now() + $2::bigint * interval '1 millisecond',
+            now() + least($2::bigint, $7::bigint) * interval '1 millisecond', $3, $4, $5, $6)
     RETURNING ticket
 )
 SELECT waiter.ticket, EXISTS (
@@ -561,10 +566,30 @@ FROM watch LEFT JOIN LATERAL (
 const UNWATCH: &str = "DELETE FROM lease_watchers WHERE id = $1";
 
 /// Its trigger announces the change, so the next waiter looks again. Returns the grant a
-/// release wrote into the ticket, if any (migration V10).
-const DEQUEUE: &str = "
-DELETE FROM lease_waiters WHERE ticket = $1
-RETURNING granted_fence, granted_at, granted_until, now()";
+/// release wrote into the ticket if it still stands, now the waiter's for good (migrations
+/// V10, V17); no row otherwise.
+const DEQUEUE: &str =
+    "SELECT fence, acquired_at, expires_at, observed_at FROM fencelock_dequeue($1)";
+
+/// The heartbeat of this process's waiters (migration V17): each ticket of `$1` lives `$2` ms
+/// more, never past its wait's end. One statement for all of them; a ticket another
+/// transaction has locked right now (a release granting it, its waiter taking the grant) is
+/// skipped, not waited for, so a beat never waits on a decision (nor closes a deadlock with
+/// one) and that ticket is extended at the next beat. A ticket that had lapsed (its instance
+/// could not reach the database for a while) lives again: its waiter is alive, and it keeps
+/// its place. Committed without waiting for the disk: a beat lost in a crash is made up by
+/// the next.
+const BEAT: &str = "
+UPDATE lease_waiters w
+SET expires_at = least(w.wait_until, now() + $2::bigint * interval '1 millisecond')
+FROM (SELECT ticket FROM lease_waiters
+      WHERE ticket = ANY($1) AND wait_until IS NOT NULL
+      FOR UPDATE SKIP LOCKED) beat,
+     (SELECT set_config('synchronous_commit', 'off', true)) AS no_sync
+WHERE w.ticket = beat.ticket";
+
+/// Trims each recently acquired resource's history to its newest `$1` leases (migration V17).
+const TRIM_HISTORY: &str = "SELECT fencelock_trim_history($1::integer, $2::bigint)";
 
 /// Tickets of waiters that are gone without leaving the queue (their process died): skipped
 /// since their expiry, deleted here once a minute has passed.
@@ -575,9 +600,11 @@ const PURGE_WAITERS: &str =
 const PURGE_WATCHERS: &str =
     "DELETE FROM lease_watchers WHERE expires_at < now() - interval '1 minute'";
 
+/// The live lease, or one of another owner in its lock delay (`expires_at` passed; the sixth
+/// column is when the delay ends).
 const INSPECT: &str = "
-SELECT owner, fence, acquired_at, expires_at, now()
-FROM leases WHERE resource = $1 AND expires_at > now()";
+SELECT owner, fence, acquired_at, expires_at, now(), fencelock_free_at(expires_at, lock_delay_ms)
+FROM leases WHERE resource = $1 AND fencelock_free_at(expires_at, lock_delay_ms) > now()";
 
 /// Served by the expiry index (`leases_expires_at_idx`): a range scan over live leases only.
 const COUNT_LIVE: &str = "SELECT count(*) FROM leases WHERE expires_at > now()";
@@ -592,13 +619,15 @@ ON CONFLICT (id) DO UPDATE SET checked_at = EXCLUDED.checked_at";
 const SCHEMA_PROBES: [&str; 7] = [
     "SELECT resource, owner, fence, acquired_at, expires_at, token, lock_delay_ms FROM leases LIMIT 0",
     "SELECT fence, resource, acquired_at, expires_at, ended_at, end_kind, renewals FROM lease_history LIMIT 0",
-    "SELECT ticket, resource, expires_at FROM lease_waiters LIMIT 0",
+    "SELECT ticket, resource, expires_at, wait_until FROM lease_waiters LIMIT 0",
     "SELECT id, resource, expires_at FROM lease_watchers LIMIT 0",
     "SELECT id, checked_at FROM store_probe LIMIT 0",
     "SELECT last_value FROM lease_fence",
     "SELECT 'fencelock_acquire(text,text,integer,timestamp with time zone,text,integer,integer,bigint)'::regprocedure,
             'fencelock_in_time(timestamp with time zone)'::regprocedure,
-            'fencelock_apply(text[],text[],text[],integer[],bigint[],text[],timestamp with time zone[],integer,integer[])'::regprocedure",
+            'fencelock_apply(text[],text[],text[],integer[],bigint[],text[],timestamp with time zone[],integer,integer[])'::regprocedure,
+            'fencelock_dequeue(bigint)'::regprocedure,
+            'fencelock_trim_history(integer,bigint)'::regprocedure",
 ];
 
 /// A database that accepts only reads: a hot standby, or read-only by configuration.
@@ -688,7 +717,7 @@ impl Db {
             )));
         };
         if row.get::<_, &str>(4) == "held" {
-            return Ok(held(row.get(2), row.get(3)));
+            return Ok(held(row.get(2), row.get(3), row.get(1)));
         }
         if row.get::<_, &str>(4) == "quota_exceeded" {
             return Ok(AcquireOutcome::QuotaExceeded {
@@ -748,6 +777,7 @@ impl LeaseStore for PgStore {
         let ttl = ttl_param(req.ttl.seconds());
         let token = req.token.as_ref().map(|t| t.name.as_str());
         let lock_delay = lock_delay_param(req);
+        let life_ms = i64::try_from(TICKET_LIFE.as_millis()).unwrap_or(i64::MAX);
         let row = self
             .db
             .query_opt(
@@ -759,6 +789,7 @@ impl LeaseStore for PgStore {
                     &ttl,
                     &token,
                     &lock_delay,
+                    &life_ms,
                 ],
             )
             .await?
@@ -785,17 +816,33 @@ impl LeaseStore for PgStore {
         granted_lease(req, &row).map(Some)
     }
 
+    async fn beat(&self, tickets: &[Ticket]) -> Result<(), StoreError> {
+        let tickets: Vec<i64> = tickets.iter().map(|t| t.get()).collect();
+        let life_ms = i64::try_from(TICKET_LIFE.as_millis()).unwrap_or(i64::MAX);
+        let client = self.db.client().await?;
+        let statement = client.prepare_cached(BEAT).await.map_err(classify)?;
+        client
+            .execute(&statement, &[&tickets, &life_ms])
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+
     fn changes(&self) -> Arc<Changes> {
         self.changes.clone()
     }
 
     #[tracing::instrument(skip_all, fields(lease.resource = %resource))]
-    async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
-        self.db
-            .query_opt(INSPECT, &[&resource.as_str()])
-            .await?
-            .map(|row| inspected(resource, &row))
-            .transpose()
+    async fn inspect(&self, resource: &ResourceName) -> Result<Inspection, StoreError> {
+        let Some(row) = self.db.query_opt(INSPECT, &[&resource.as_str()]).await? else {
+            return Ok(Inspection::Absent);
+        };
+        let (expires_at, now): (DateTime<Utc>, DateTime<Utc>) = (row.get(3), row.get(4));
+        if expires_at > now {
+            inspected(resource, &row).map(Inspection::Live)
+        } else {
+            Ok(Inspection::Delayed { until: row.get(5) })
+        }
     }
 
     #[tracing::instrument(skip_all, fields(lease.resource = %resource))]
@@ -900,6 +947,17 @@ impl LeaseStore for PgStore {
         Db::purge(&client, PURGE_HISTORY, retention, limit).await
     }
 
+    async fn trim_history(&self, keep: u64, recent: Duration) -> Result<u64, StoreError> {
+        let keep = i32::try_from(keep).unwrap_or(i32::MAX);
+        let recent_ms = i64::try_from(recent.as_millis()).unwrap_or(i64::MAX);
+        let row = self
+            .db
+            .query_opt(TRIM_HISTORY, &[&keep, &recent_ms])
+            .await?;
+        let trimmed: i64 = row.map_or(0, |row| row.get(0));
+        Ok(u64::try_from(trimmed).unwrap_or(0))
+    }
+
     async fn count_live(&self) -> Result<u64, StoreError> {
         let row = self.db.query_opt(COUNT_LIVE, &[]).await?;
         let count: i64 = row.map_or(0, |row| row.get(0));
@@ -955,12 +1013,20 @@ fn granted_lease(req: &AcquireRequest, row: &Row) -> Result<Lease, StoreError> {
 }
 
 /// A refusal: the resource might be the caller's at `free_at`, by the database's clock, read at
-/// `now` (NULL: unknown, so look again soon).
-fn held(free_at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> AcquireOutcome {
+/// `now` (NULL: unknown, so look again soon). `delayed_since` is the expiry of the lease whose
+/// lock delay it is, if it is one (migration V17: the refusal row's `acquired_at`).
+fn held(
+    free_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    delayed_since: Option<DateTime<Utc>>,
+) -> AcquireOutcome {
     let free_in = free_at
         .and_then(|at| (at - now).to_std().ok())
         .unwrap_or_default();
-    AcquireOutcome::Held { free_in }
+    AcquireOutcome::Held {
+        free_in,
+        delayed_until: delayed_since.and(free_at),
+    }
 }
 
 /// The event a grant names, as the SQL functions spell it.

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::SharedStore;
 use super::chore::Chore;
+use super::{HISTORY_PER_RESOURCE, SharedStore};
 
 /// The periodic purge of one store.
 pub(crate) struct Purge;
@@ -22,8 +22,9 @@ pub(crate) struct Keep {
 }
 
 impl Purge {
-    /// Deletes, every `interval`, leases that expired more than `keep.grace` ago and history
-    /// rows of leases that ended more than `keep.history` ago, each in bounded batches. A
+    /// Deletes, every `interval`, leases that expired more than `keep.grace` ago, the history
+    /// of each resource beyond its newest [`HISTORY_PER_RESOURCE`] leases, and history rows
+    /// of leases that ended more than `keep.history` ago, each in bounded batches. A
     /// failed round is logged and tried again at the next interval.
     ///
     /// The first round comes one interval after start, not at once: a server that restarts
@@ -37,6 +38,19 @@ impl Purge {
                     Ok(purged) => tracing::info!(purged, "purged expired leases"),
                     Err(e) => {
                         tracing::warn!(error = %e, "purging expired leases failed; will retry")
+                    }
+                }
+                // Every resource acquired since the last round or so (twice the interval, at
+                // least a minute: a round may have been late or failed).
+                let recent = (interval * 2).max(std::time::Duration::from_secs(60));
+                match store.trim_history(HISTORY_PER_RESOURCE, recent).await {
+                    Ok(0) => {}
+                    Ok(trimmed) => tracing::info!(
+                        trimmed,
+                        "trimmed lease history to its newest leases per resource"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "trimming lease history failed; will retry")
                     }
                 }
                 match store.purge_history(keep.history).await {

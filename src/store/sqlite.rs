@@ -12,6 +12,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
@@ -20,13 +21,13 @@ use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Deadline, LeaseStore, StoreError};
+use super::{Deadline, LeaseStore, StoreError, TICKET_LIFE};
 use crate::wake::Changes;
 use fencelock::domain::decide::{self, AcquireVerdict};
 use fencelock::domain::{
-    AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Lease, LeaseHistory,
-    LockDelay, Owner, PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome,
-    RenewRequest, ResourceName, Ticket, TokenQuota,
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Inspection, Lease,
+    LeaseHistory, LockDelay, Owner, PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest,
+    RenewOutcome, RenewRequest, ResourceName, Ticket, TokenQuota,
 };
 use fencelock::domain::{LeasePage, ListRequest, ListedLease};
 
@@ -49,6 +50,8 @@ pub(crate) struct SqliteStore {
     /// Told of every grant, release and dequeue: this process's own right after the commit,
     /// other processes' by [`poll`].
     changes: Arc<Changes>,
+    /// The newest history row the last trim of the history saw.
+    trimmed_through: AtomicI64,
 }
 
 impl SqliteStore {
@@ -95,6 +98,7 @@ impl SqliteStore {
             jobs,
             path: path.to_owned(),
             changes,
+            trimmed_through: AtomicI64::new(0),
         })
     }
 
@@ -547,9 +551,13 @@ fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome, St
         max_leases: Some(max_leases),
     }) = &req.token
     {
+        // A lease counts until its lock delay has passed (at most a minute: the first bound
+        // keeps the count a range of the token's expiry index).
         let others: i64 = conn
             .prepare_cached(
-                "SELECT count(*) FROM leases WHERE token = ?1 AND expires_at > ?2 AND resource <> ?3",
+                "SELECT count(*) FROM leases
+                 WHERE token = ?1 AND expires_at > ?2 - 60000 AND expires_at + lock_delay_ms > ?2
+                   AND resource <> ?3",
             )
             .and_then(|mut s| s.query_row(params![name, now, req.resource.as_str()], |r| r.get(0)))
             .map_err(classify)?;
@@ -569,10 +577,17 @@ fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome, St
         AcquireVerdict::Held => {
             // Another owner's live lease, or its lock delay after expiry: free at the end
             // of the delay.
-            let until = row.map_or(now, |row| {
-                row.lock_delay.free_at(row.expires_at).timestamp_millis()
-            });
-            return Ok(held(until, now));
+            let Some(row) = row else {
+                return Ok(held(now, now));
+            };
+            let free_at = row.lock_delay.free_at(row.expires_at);
+            let mut refusal = held(free_at.timestamp_millis(), now);
+            if !row.current().is_live(timestamp(now)?)
+                && let AcquireOutcome::Held { delayed_until, .. } = &mut refusal
+            {
+                *delayed_until = Some(free_at);
+            }
+            return Ok(refusal);
         }
     };
     // The queue comes first, unless this is the live holder re-acquiring.
@@ -627,6 +642,7 @@ fn held(free_at_ms: i64, now: i64) -> AcquireOutcome {
     let free_in = u64::try_from(free_at_ms.saturating_sub(now)).unwrap_or(0);
     AcquireOutcome::Held {
         free_in: Duration::from_millis(free_in),
+        delayed_until: None,
     }
 }
 
@@ -655,18 +671,45 @@ fn waiters_ahead(
         .map_err(classify)
 }
 
+/// A ticket at the end of the queue: it lives by its heartbeat (migration V7), [`TICKET_LIFE`]
+/// at first, never past the wait's end, extended by [`beat`] while its waiter is alive.
 fn enqueue(
     conn: &Connection,
     resource: &ResourceName,
     wait: Duration,
 ) -> Result<Ticket, StoreError> {
-    let until = now_ms().saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
+    let now = now_ms();
+    let until = now.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
+    let alive = until.min(now.saturating_add(life_ms()));
     conn.prepare_cached(
-        "INSERT INTO lease_waiters (resource, expires_at) VALUES (?1, ?2) RETURNING ticket",
+        "INSERT INTO lease_waiters (resource, wait_until, expires_at) VALUES (?1, ?2, ?3)
+         RETURNING ticket",
     )
-    .and_then(|mut s| s.query_row(params![resource.as_str(), until], |r| r.get(0)))
+    .and_then(|mut s| s.query_row(params![resource.as_str(), until, alive], |r| r.get(0)))
     .map(Ticket::new)
     .map_err(classify)
+}
+
+fn life_ms() -> i64 {
+    i64::try_from(TICKET_LIFE.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The heartbeat of this process's waiters: each ticket lives [`TICKET_LIFE`] more, never past
+/// its wait's end; one that had lapsed lives again (its waiter is alive, and keeps its place).
+fn beat(conn: &Connection, tickets: &[Ticket]) -> Result<(), StoreError> {
+    let alive = now_ms().saturating_add(life_ms());
+    let mut statement = conn
+        .prepare_cached(
+            "UPDATE lease_waiters SET expires_at = min(wait_until, ?2)
+             WHERE ticket = ?1 AND wait_until IS NOT NULL",
+        )
+        .map_err(classify)?;
+    for ticket in tickets {
+        statement
+            .execute(params![ticket.get(), alive])
+            .map_err(classify)?;
+    }
+    Ok(())
 }
 
 fn dequeue(conn: &Connection, ticket: Ticket) -> Result<(), StoreError> {
@@ -676,16 +719,20 @@ fn dequeue(conn: &Connection, ticket: Ticket) -> Result<(), StoreError> {
         .map_err(classify)
 }
 
-fn inspect(conn: &Connection, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
+fn inspect(conn: &Connection, resource: &ResourceName) -> Result<Inspection, StoreError> {
     let now = now_ms();
+    let at = timestamp(now)?;
     match current(conn, resource)? {
-        Some(row) if row.current().is_live(timestamp(now)?) => {
+        Some(row) if row.current().is_live(at) => {
             let owner = Owner::parse(&row.owner)
                 .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored owner: {e}")))?;
             let expires = row.expires_at.timestamp_millis();
-            lease(resource, &owner, row.fence, row.acquired_at, expires, now).map(Some)
+            lease(resource, &owner, row.fence, row.acquired_at, expires, now).map(Inspection::Live)
         }
-        _ => Ok(None),
+        Some(row) if !row.current().is_free_for_others(at) => Ok(Inspection::Delayed {
+            until: row.lock_delay.free_at(row.expires_at),
+        }),
+        _ => Ok(Inspection::Absent),
     }
 }
 
@@ -803,7 +850,24 @@ impl LeaseStore for SqliteStore {
         self.changes.clone()
     }
 
-    async fn inspect(&self, resource: &ResourceName) -> Result<Option<Lease>, StoreError> {
+    async fn beat(&self, tickets: &[Ticket]) -> Result<(), StoreError> {
+        let tickets = tickets.to_vec();
+        self.call(None, move |conn| beat(conn, &tickets)).await
+    }
+
+    /// Looks at the resources acquired since this process's last trim (all of them, the
+    /// first time), not at `recent`: the file has no index by time, but its history's key,
+    /// the fence, grows with it.
+    async fn trim_history(&self, keep: u64, _recent: Duration) -> Result<u64, StoreError> {
+        let since = self.trimmed_through.load(Ordering::Relaxed);
+        let (trimmed, newest) = self
+            .call(None, move |conn| history::trim(conn, keep, since))
+            .await?;
+        self.trimmed_through.fetch_max(newest, Ordering::Relaxed);
+        Ok(trimmed)
+    }
+
+    async fn inspect(&self, resource: &ResourceName) -> Result<Inspection, StoreError> {
         let resource = resource.clone();
         self.call(None, move |conn| inspect(conn, &resource)).await
     }
@@ -1030,6 +1094,29 @@ mod history {
             leases,
             observed_at: timestamp(now)?,
         })
+    }
+
+    /// Each resource acquired since fence `since` keeps its newest `keep` rows: the new rows
+    /// are a range of the table's key (the fence), each resource's newest a range of its
+    /// index. Returns how many rows it deleted, and the newest fence it saw.
+    pub(super) fn trim(conn: &Connection, keep: u64, since: i64) -> Result<(u64, i64), StoreError> {
+        let newest: i64 = conn
+            .prepare_cached("SELECT coalesce(max(fence), 0) FROM lease_history")
+            .and_then(|mut s| s.query_row([], |r| r.get(0)))
+            .map_err(classify)?;
+        let trimmed = conn
+            .prepare_cached(
+                "DELETE FROM lease_history WHERE fence IN (
+                     SELECT h.fence FROM
+                         (SELECT DISTINCT resource FROM lease_history WHERE fence > ?1) r
+                         JOIN lease_history h ON h.resource = r.resource
+                     WHERE h.fence <= (SELECT x.fence FROM lease_history x
+                                       WHERE x.resource = r.resource
+                                       ORDER BY x.fence DESC LIMIT 1 OFFSET ?2))",
+            )
+            .and_then(|mut s| s.execute(params![since, i64::try_from(keep).unwrap_or(i64::MAX)]))
+            .map_err(classify)?;
+        Ok((trimmed as u64, newest))
     }
 
     /// At most `limit` rows of leases that ended (by release or expiry) more than `retention`

@@ -54,6 +54,18 @@ impl Handoff {
 }
 
 impl Lines {
+    /// The tickets of every waiter of this process now, of every resource: the waiters that
+    /// are alive, whose tickets the store's heartbeat keeps (see [`crate::store::LeaseStore::beat`]).
+    /// A waiter is in its line from its ticket's issue until it has left the store's queue
+    /// or given up leaving it, so a ticket it could not delete stops being kept.
+    pub fn tickets(&self) -> Vec<Ticket> {
+        self.resources
+            .lock()
+            .values()
+            .flat_map(|line| line.waiters.keys().copied())
+            .collect()
+    }
+
     /// Takes the place of `ticket` (issued by the store) in the line of `resource`. Dropping
     /// the place leaves the line and wakes whoever comes first then.
     pub fn join(self: &Arc<Self>, resource: &ResourceName, ticket: Ticket) -> Place {
@@ -163,8 +175,10 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), late.turn())
             .await
             .expect("woken when the one before left");
+        assert_eq!(lines.tickets().len(), 2, "the waiters still in line");
         drop(late);
         drop(other);
+        assert!(lines.tickets().is_empty());
         assert!(
             lines.resources.lock().is_empty(),
             "the registry holds only waiters"

@@ -14,9 +14,9 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use fencelock::domain::{
-    AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryLimit, HistoryRequest, LockDelay,
-    Owner, PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
-    ResourceName, TokenQuota, Ttl,
+    AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryLimit, HistoryRequest, Inspection,
+    LockDelay, Owner, PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome,
+    RenewRequest, ResourceName, TokenQuota, Ttl,
 };
 use fencelock_server::{Deadline, SharedStore, StoreError};
 use futures_util::future::{JoinAll, join_all};
@@ -164,12 +164,12 @@ async fn contention_on_one_resource_never_gives_two_holders(kind: StoreKind) {
         grants.len(),
         "a fence was granted twice: {grants:?}"
     );
-    assert!(
+    assert_eq!(
         app.store
             .inspect(&ResourceName::parse(RESOURCE).unwrap())
             .await
-            .unwrap()
-            .is_none()
+            .unwrap(),
+        Inspection::Absent
     );
 }
 
@@ -195,6 +195,7 @@ async fn contend(
                 .inspect(&lease.resource)
                 .await
                 .unwrap()
+                .live()
                 .expect("the holder's lease is live");
             assert_eq!((seen.owner.as_str(), seen.fence), (me, fence));
             match store

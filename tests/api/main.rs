@@ -25,6 +25,7 @@ mod input;
 mod inspect;
 mod late_work;
 mod listing;
+mod liveness;
 mod lock_command;
 mod lock_delay;
 mod metrics;

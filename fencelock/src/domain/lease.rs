@@ -97,12 +97,38 @@ pub enum AcquireOutcome {
         /// without one), or when the queue ahead of it may change. Zero when unknown or past.
         /// Waiters arm a timer on it.
         free_in: Duration,
+        /// Set when the refusal is a lock delay (another owner's lease expired less than its
+        /// `lock_delay_ms` ago): when the delay ends, by the store's clock.
+        delayed_until: Option<DateTime<Utc>>,
     },
     /// The request's token already holds its `max_leases` live leases of other resources;
     /// nothing was written and no fence issued.
     QuotaExceeded {
         max_leases: u32,
     },
+}
+
+/// What a look at a resource finds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inspection {
+    Live(Lease),
+    /// No live lease, but another owner's lease expired less than its lock delay ago: no one
+    /// else can take the resource before `until` (the store's clock).
+    Delayed {
+        until: DateTime<Utc>,
+    },
+    /// No lease, or one that expired and is past its lock delay.
+    Absent,
+}
+
+impl Inspection {
+    /// The live lease, if there is one.
+    pub fn live(self) -> Option<Lease> {
+        match self {
+            Self::Live(lease) => Some(lease),
+            Self::Delayed { .. } | Self::Absent => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

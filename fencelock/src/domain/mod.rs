@@ -20,7 +20,7 @@ pub use fence::{Fence, FenceError};
 pub use fence_token::{FenceKey, FenceKeyError, FenceKeys};
 pub use history::{HistoryLimit, HistoryRequest, LeaseEnd, LeaseHistory, PastLease, RecordedEnd};
 pub use lease::{
-    AcquireOutcome, AcquireRequest, Acquisition, Lease, ReleaseOutcome, ReleaseRequest,
+    AcquireOutcome, AcquireRequest, Acquisition, Inspection, Lease, ReleaseOutcome, ReleaseRequest,
     RenewOutcome, RenewRequest, TokenQuota, time_left_ms,
 };
 pub use listing::{

@@ -69,6 +69,10 @@ struct ProblemSchema {
     /// accepted.
     #[schema(minimum = 1, maximum = 9_007_199_254_740_991_i64)]
     current_fence: Option<i64>,
+    /// `not-found` of a resource inside another owner's lock delay (RFC 3339, milliseconds,
+    /// UTC): until then no other owner can acquire it.
+    #[schema(format = DateTime)]
+    delayed_until: Option<String>,
     /// The request's id, as in its `X-Request-Id` answer header.
     request_id: Option<String>,
 }
@@ -339,6 +343,10 @@ mod tests {
                 current_fence: Some(crate::domain::Fence::new(3).expect("a fence")),
             },
             ApiError::NotFound("x".into()),
+            ApiError::Delayed {
+                detail: "x".into(),
+                until: chrono::DateTime::UNIX_EPOCH,
+            },
         ];
         for sample in samples {
             let document: Value =

@@ -50,6 +50,13 @@ pub enum ApiError {
     Validation(Vec<FieldError>),
     #[error("{0}")]
     NotFound(String),
+    /// `not-found` too, for a resource inside another owner's lock delay: the problem adds
+    /// `delayed_until`.
+    #[error("{detail}")]
+    Delayed {
+        detail: String,
+        until: chrono::DateTime<chrono::Utc>,
+    },
     #[error("{0}")]
     Forbidden(String),
     #[error("{0}")]
@@ -104,7 +111,7 @@ impl ApiError {
             Self::ForbiddenScope(_) => (StatusCode::FORBIDDEN, "forbidden-scope"),
             Self::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "quota-exceeded"),
             Self::InvalidFenceToken(_) => (StatusCode::FORBIDDEN, "invalid-fence-token"),
-            Self::NotFound(_) => (StatusCode::NOT_FOUND, "not-found"),
+            Self::NotFound(_) | Self::Delayed { .. } => (StatusCode::NOT_FOUND, "not-found"),
             Self::MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
             Self::LeaseExpired(_) => (StatusCode::CONFLICT, "lease-expired"),
             Self::OwnerMismatch(_) => (StatusCode::CONFLICT, "owner-mismatch"),
@@ -185,10 +192,15 @@ impl ApiError {
             request_id,
             errors: None,
             current_fence: None,
+            delayed_until: None,
         };
         match self {
             Self::Validation(errors) => body.errors = Some(errors),
             Self::StaleFence { current_fence, .. } => body.current_fence = *current_fence,
+            Self::Delayed { until, .. } => {
+                body.delayed_until =
+                    Some(until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+            }
             _ => {}
         }
         body
@@ -282,6 +294,8 @@ struct Problem<'a> {
     errors: Option<&'a [FieldError]>,
     #[serde(skip_serializing_if = "Option::is_none")]
     current_fence: Option<Fence>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delayed_until: Option<String>,
 }
 
 #[cfg(test)]
@@ -302,6 +316,14 @@ mod tests {
                 "invalid-fence-token",
             ),
             (ApiError::NotFound("x".into()), 404, "not-found"),
+            (
+                ApiError::Delayed {
+                    detail: "x".into(),
+                    until: chrono::DateTime::UNIX_EPOCH,
+                },
+                404,
+                "not-found",
+            ),
             (
                 ApiError::MethodNotAllowed {
                     method: "PUT".into(),

@@ -590,7 +590,7 @@ impl Batched for AcquireRequest {
 
     fn outcome(&self, row: &Row) -> Result<AcquireOutcome, StoreError> {
         Ok(match column::<&str>(row, 1)? {
-            "held" => super::held(column(row, 4)?, column(row, 5)?),
+            "held" => super::held(column(row, 4)?, column(row, 5)?, column(row, 3)?),
             "too_late" => return Err(StoreError::too_late()),
             how => AcquireOutcome::Acquired {
                 how: acquisition(how)?,

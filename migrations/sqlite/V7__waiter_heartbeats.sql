@@ -1,0 +1,12 @@
+-- fencelock embedded store: a waiter's ticket lives by a heartbeat.
+--
+-- Until V6 a ticket lived until its wait ended (`expires_at`). A ticket of a process that
+-- died (kill -9) while it waited held its resource's queue up for the rest of that wait: no
+-- one behind it, and no acquisition without a ticket, could take the resource meanwhile.
+--
+-- Now the wait's end has a column of its own (`wait_until`, Unix milliseconds), and
+-- `expires_at`, which every check of a live ticket reads, is a heartbeat: at most 2 s ahead,
+-- never past `wait_until`. Each server process extends the tickets of all its waiters every
+-- 500 ms while it has any, so a dead process's tickets stop counting within 2 s. A ticket
+-- without `wait_until` (of an older build) lives until its `expires_at`, as before.
+ALTER TABLE lease_waiters ADD COLUMN wait_until INTEGER;
