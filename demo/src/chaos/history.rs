@@ -507,7 +507,7 @@ impl History {
                         )));
                     }
                     if let Some(same) = known.iter().find(|a| a.lease.fence == shown.fence)
-                        && same.lease != *shown
+                        && !agrees(same, r, shown)
                     {
                         found.push(Violation(format!(
                             "{}: fence {} was acknowledged as {:?} but inspected as {:?}",
@@ -538,6 +538,21 @@ impl History {
                 InspectAnswer::Unknown { .. } => {}
             }
         }
+    }
+}
+
+/// Whether an inspection (`r`, showing `shown`) agrees with the acknowledged lease of the
+/// same fence. Once the acknowledgment was received, the store shows the lease as it was
+/// acknowledged. While the acquisition is in flight, a lease a release handed over to a
+/// waiter may still show its provisional expiry (the store gives it the waiter's TTL when
+/// the waiter takes it, before answering): the same start, an earlier end.
+fn agrees(acked: &Acknowledged<'_>, r: &Record, shown: &Lease) -> bool {
+    if r.sent_us < acked.received_us {
+        shown.fence == acked.lease.fence
+            && shown.acquired_at == acked.lease.acquired_at
+            && shown.expires_at <= acked.lease.expires_at
+    } else {
+        *shown == acked.lease
     }
 }
 
@@ -938,6 +953,24 @@ mod tests {
             until_us: 2_500_000,
         });
         assert_eq!(violations(&history), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_provisional_expiry_is_fair_only_while_the_acquisition_is_in_flight() {
+        // B's acquisition (fence 2) is in flight from 1100 to 1110 ms; its lease ends at 2100.
+        let shown_at = |sent_ms, ttl_ms| {
+            let mut history = fair();
+            history.records[5] = record(
+                "k",
+                sent_ms,
+                sent_ms + 2,
+                inspected(InspectAnswer::Live(lease(2, 1100, ttl_ms))),
+            );
+            violations(&history)
+        };
+        assert_eq!(shown_at(1105, 500), Vec::<String>::new());
+        assert_found(&shown_at(1105, 1500), "fence 2 was acknowledged as");
+        assert_found(&shown_at(1130, 500), "fence 2 was acknowledged as");
     }
 
     #[test]
