@@ -45,6 +45,12 @@ impl StoreError {
         }
     }
 
+    /// A stored value this build cannot read back (`what`: "owner", "fence"...): a row
+    /// written by something else, or changed by hand.
+    pub fn corrupt(what: &str, cause: impl std::fmt::Display) -> Self {
+        Self::Internal(anyhow::anyhow!("stored {what}: {cause}"))
+    }
+
     /// The answer for work that was not done because its request's deadline had passed.
     pub fn too_late() -> Self {
         Self::unavailable("the request's deadline passed before the store acted on it")

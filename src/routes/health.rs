@@ -28,10 +28,7 @@ pub(super) async fn healthz() -> HttpResponse {
 #[utoipa::path(
     get, path = "/readyz", tag = "operations",
     summary = "200 when the store accepts writes, else 503",
-    responses(
-        (status = 200, body = Status, description = "The store accepts writes"),
-        wire::ReadyProblems,
-    ),
+    responses((status = 200, body = Status, description = "Store writable"), wire::ReadyProblems),
 )]
 pub(super) async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     match state.ask(state.store.ping()).await {

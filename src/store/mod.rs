@@ -34,6 +34,9 @@ use fencelock::domain::{
 
 pub use fencelock::StoreError;
 
+/// What a store operation answers; `E` only where it is not the store's own error.
+pub(crate) type Result<T, E = StoreError> = std::result::Result<T, E>;
+
 /// How long a waiter's ticket counts without a heartbeat ([`LeaseStore::beat`]): a ticket of
 /// a process that died stops holding its queue up (and being granted the lease) this long
 /// after the last beat. The PostgreSQL migration V17 gives a provisional grant the same time.
@@ -87,11 +90,7 @@ impl Deadline {
 pub trait LeaseStore: Send + Sync + 'static {
     /// Takes the lease if there is no live lease of another owner, issuing a new fence; a
     /// refused acquisition issues none. Nothing is written once `deadline` has passed.
-    async fn acquire(
-        &self,
-        req: &AcquireRequest,
-        deadline: Deadline,
-    ) -> Result<AcquireOutcome, StoreError>;
+    async fn acquire(&self, req: &AcquireRequest, deadline: Deadline) -> Result<AcquireOutcome>;
 
     /// Puts the waiting acquisition `req` at the end of its resource's queue, for at most
     /// `wait` (by the store's clock, after which its ticket is skipped); returns its ticket.
@@ -99,23 +98,19 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// ends without a grant (a grant takes it out of the queue itself). A store may grant
     /// the lease to the ticket when the holder releases it; the waiter's next `acquire` (or
     /// its `dequeue`) then answers with that lease.
-    async fn enqueue(&self, req: &AcquireRequest, wait: Duration) -> Result<Ticket, StoreError>;
+    async fn enqueue(&self, req: &AcquireRequest, wait: Duration) -> Result<Ticket>;
 
     /// Takes the ticket of the waiting acquisition `req` out of the queue (it has stopped
     /// waiting), and returns the lease a release granted to it meanwhile, if one did: the
     /// lease is the waiter's, to answer with or to release. Taking out a ticket that is gone
     /// already is no error.
-    async fn dequeue(
-        &self,
-        req: &AcquireRequest,
-        ticket: Ticket,
-    ) -> Result<Option<Lease>, StoreError>;
+    async fn dequeue(&self, req: &AcquireRequest, ticket: Ticket) -> Result<Option<Lease>>;
 
     /// The waiters of this process are alive: extends the life of each of their `tickets` (a
     /// heartbeat, [`TICKET_LIFE`] from now, never past the ticket's wait), in one step. A
     /// ticket that no heartbeat extends stops counting once its life has passed: it holds no
     /// queue up and is granted nothing.
-    async fn beat(&self, tickets: &[Ticket]) -> Result<(), StoreError>;
+    async fn beat(&self, tickets: &[Ticket]) -> Result<()>;
 
     /// The wake registry this store announces changes to: the grants, releases and
     /// dequeues of every process sharing the store (see the `wake` module).
@@ -123,17 +118,13 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// The live lease of `resource`, or the end of the lock delay of another owner's lease
     /// that expired; otherwise absent.
-    async fn inspect(&self, resource: &ResourceName) -> Result<Inspection, StoreError>;
+    async fn inspect(&self, resource: &ResourceName) -> Result<Inspection>;
 
     /// Starts a watch of `resource` for at most `timeout`: from its return until the
     /// registration is dropped, every change of the resource's lease reaches
     /// [`LeaseStore::changes`]. Returns the live lease as it is once the watch is registered.
     /// A store that announces every change anyway registers nothing.
-    async fn watch(
-        &self,
-        resource: &ResourceName,
-        timeout: Duration,
-    ) -> Result<Watching, StoreError> {
+    async fn watch(&self, resource: &ResourceName, timeout: Duration) -> Result<Watching> {
         let _ = timeout;
         Ok(Watching {
             lease: self.inspect(resource).await?.live(),
@@ -143,61 +134,52 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Extends the caller's live lease to now + ttl, keeping its fence. Nothing is written
     /// once `deadline` has passed.
-    async fn renew(
-        &self,
-        req: &RenewRequest,
-        deadline: Deadline,
-    ) -> Result<RenewOutcome, StoreError>;
+    async fn renew(&self, req: &RenewRequest, deadline: Deadline) -> Result<RenewOutcome>;
 
     /// Deletes the caller's live lease. The fence counter is never lowered. Nothing is
     /// written once `deadline` has passed.
-    async fn release(
-        &self,
-        req: &ReleaseRequest,
-        deadline: Deadline,
-    ) -> Result<ReleaseOutcome, StoreError>;
+    async fn release(&self, req: &ReleaseRequest, deadline: Deadline) -> Result<ReleaseOutcome>;
 
     /// Deletes at most `limit` leases that expired more than `grace` ago; returns how many.
-    async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError>;
+    async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64>;
 
     /// Deletes every lease that expired more than `grace` ago, in batches of
     /// [`PURGE_BATCH`] so that purging millions of one-off resources never holds one huge
     /// transaction (nor, on SQLite, the write lock for long); returns how many.
-    async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError> {
+    async fn purge_expired(&self, grace: Duration) -> Result<u64> {
         in_batches(|limit| self.purge_batch(grace, limit)).await
     }
 
     /// The most recent leases of `req.resource`, newest first, at most `req.limit`: a range
     /// scan of the history's index. Owners are not kept there.
-    async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory, StoreError>;
+    async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory>;
 
     /// Deletes at most `limit` history rows of leases that ended (released, or expired) more
     /// than `retention` ago; never a live lease's. Returns how many.
-    async fn purge_history_batch(&self, retention: Duration, limit: u64)
-    -> Result<u64, StoreError>;
+    async fn purge_history_batch(&self, retention: Duration, limit: u64) -> Result<u64>;
 
     /// Deletes the history of every lease that ended more than `retention` ago, in batches of
     /// [`PURGE_BATCH`], as [`LeaseStore::purge_expired`] does; returns how many rows.
-    async fn purge_history(&self, retention: Duration) -> Result<u64, StoreError> {
+    async fn purge_history(&self, retention: Duration) -> Result<u64> {
         in_batches(|limit| self.purge_history_batch(retention, limit)).await
     }
 
     /// Trims the history of every resource acquired in the last `recent` to its newest
     /// `keep` leases; returns how many rows it deleted.
-    async fn trim_history(&self, keep: u64, recent: Duration) -> Result<u64, StoreError>;
+    async fn trim_history(&self, keep: u64, recent: Duration) -> Result<u64>;
 
     /// How many live leases the store holds: a range scan of the expiry index, for the
     /// `fencelock_live_leases` gauge.
-    async fn count_live(&self) -> Result<u64, StoreError>;
+    async fn count_live(&self) -> Result<u64>;
 
     /// One page of live leases in the request's scope, in byte order of their names, after
     /// `req.after`: one range scan of the primary key per prefix of the scope, until the page
     /// is full. Expired leases are absent; owners are never read.
-    async fn list(&self, req: &ListRequest) -> Result<LeasePage, StoreError>;
+    async fn list(&self, req: &ListRequest) -> Result<LeasePage>;
 
     /// Succeeds when the store accepts a durable write (readiness): a store that can be read
     /// but not written is not ready to hand out leases.
-    async fn ping(&self) -> Result<(), StoreError>;
+    async fn ping(&self) -> Result<()>;
 
     /// Adds the store's own metric families, if it has any, to an app's registry (see
     /// [`fencelock::metrics`]): the PostgreSQL store's batches.
@@ -211,9 +193,9 @@ pub type SharedStore = Arc<dyn LeaseStore>;
 
 /// Runs `batch` (which deletes at most the `limit` it is given, and says how many it did)
 /// with a limit of [`PURGE_BATCH`] until one deletes fewer; returns how many in all.
-async fn in_batches<F>(mut batch: impl FnMut(u64) -> F) -> Result<u64, StoreError>
+async fn in_batches<F>(mut batch: impl FnMut(u64) -> F) -> Result<u64>
 where
-    F: Future<Output = Result<u64, StoreError>>,
+    F: Future<Output = Result<u64>>,
 {
     let mut total = 0;
     loop {

@@ -21,7 +21,7 @@ use tokio::sync::OnceCell;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use super::{Deadline, LeaseStore, StoreError, TICKET_LIFE};
+use super::{Deadline, LeaseStore, Result, StoreError, TICKET_LIFE};
 use crate::wake::{Changes, Registration, Watching};
 use fencelock::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Inspection, Lease,
@@ -297,7 +297,7 @@ impl PgStore {
     }
 
     /// Applies the migrations once; safe when several instances start at the same time.
-    pub(crate) async fn ensure_schema(&self) -> Result<(), StoreError> {
+    pub(crate) async fn ensure_schema(&self) -> Result<()> {
         self.db.ensure_schema().await
     }
 
@@ -319,7 +319,7 @@ impl<F: FnMut()> Drop for OnDrop<F> {
 }
 
 impl Db {
-    async fn ensure_schema(&self) -> Result<(), StoreError> {
+    async fn ensure_schema(&self) -> Result<()> {
         if self.schema.initialized() {
             return Ok(());
         }
@@ -349,7 +349,7 @@ impl Db {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = waiting;
     }
 
-    async fn migrate(&self) -> Result<(), StoreError> {
+    async fn migrate(&self) -> Result<()> {
         // A dedicated session, not a pooled one: the migration lock is a transaction lock on
         // it (see `migrate`), and nothing else ever runs there.
         let (mut client, connection) = self
@@ -436,16 +436,12 @@ impl Db {
         result
     }
 
-    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
         self.ensure_schema().await?;
         self.pool.get().await.map_err(classify_pool)
     }
 
-    async fn query_opt(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Option<Row>, StoreError> {
+    async fn query_opt(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Option<Row>> {
         let client = self.client().await?;
         let statement = client.prepare_cached(sql).await.map_err(classify)?;
         client.query_opt(&statement, params).await.map_err(classify)
@@ -458,7 +454,7 @@ impl Db {
         sql: &str,
         age: Duration,
         limit: u64,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<u64> {
         let age_ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let statement = client.prepare_cached(sql).await.map_err(classify)?;
@@ -469,7 +465,7 @@ impl Db {
     }
 
     /// `deadline` on the database's clock, reading that clock first if it was never read.
-    async fn database_deadline(&self, deadline: Deadline) -> Result<DateTime<Utc>, StoreError> {
+    async fn database_deadline(&self, deadline: Deadline) -> Result<DateTime<Utc>> {
         if let Some(at) = self.clock.database_time(deadline) {
             return Ok(at);
         }
@@ -480,7 +476,7 @@ impl Db {
     }
 
     /// Samples the database's clock on `client`.
-    async fn read_clock(&self, client: &tokio_postgres::Client) -> Result<(), StoreError> {
+    async fn read_clock(&self, client: &tokio_postgres::Client) -> Result<()> {
         let sent = Instant::now();
         let row = client
             .query_one("SELECT clock_timestamp()", &[])
@@ -499,7 +495,7 @@ impl Db {
         params: &[&(dyn ToSql + Sync)],
         deadline: Deadline,
         now_column: usize,
-    ) -> Result<Option<Row>, StoreError> {
+    ) -> Result<Option<Row>> {
         let until = self.database_deadline(deadline).await?;
         let mut params = params.to_vec();
         params.push(&until);
@@ -692,7 +688,7 @@ impl Db {
         &self,
         req: &AcquireRequest,
         deadline: Deadline,
-    ) -> Result<AcquireOutcome, StoreError> {
+    ) -> Result<AcquireOutcome> {
         let ttl = ttl_param(req.ttl.seconds());
         let token = req.token.as_ref().map(|t| t.name.as_str());
         let max_leases = req
@@ -736,11 +732,7 @@ impl Db {
 
 impl PgStore {
     /// Decides a write in the next batch, or alone when batches are off.
-    async fn decide<R: Batched>(
-        &self,
-        req: &R,
-        deadline: Deadline,
-    ) -> Result<R::Outcome, StoreError> {
+    async fn decide<R: Batched>(&self, req: &R, deadline: Deadline) -> Result<R::Outcome> {
         match &self.batcher {
             Some(batcher) => batcher.decide(req, deadline).await,
             None => req.alone(&self.db, deadline).await,
@@ -756,11 +748,7 @@ impl LeaseStore for PgStore {
     /// a waiter's attempts are few (one per change of its resource), and mostly write
     /// nothing: taking a grant a release left in the ticket, or finding the lease held.
     #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
-    async fn acquire(
-        &self,
-        req: &AcquireRequest,
-        deadline: Deadline,
-    ) -> Result<AcquireOutcome, StoreError> {
+    async fn acquire(&self, req: &AcquireRequest, deadline: Deadline) -> Result<AcquireOutcome> {
         let alone =
             req.token.as_ref().is_some_and(|t| t.max_leases.is_some()) || req.ticket.is_some();
         match &self.batcher {
@@ -769,7 +757,7 @@ impl LeaseStore for PgStore {
         }
     }
 
-    async fn enqueue(&self, req: &AcquireRequest, wait: Duration) -> Result<Ticket, StoreError> {
+    async fn enqueue(&self, req: &AcquireRequest, wait: Duration) -> Result<Ticket> {
         let resource = &req.resource;
         let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
         let quota = req.token.as_ref().is_some_and(|t| t.max_leases.is_some());
@@ -802,11 +790,7 @@ impl LeaseStore for PgStore {
         Ok(Ticket::new(row.get(0)))
     }
 
-    async fn dequeue(
-        &self,
-        req: &AcquireRequest,
-        ticket: Ticket,
-    ) -> Result<Option<Lease>, StoreError> {
+    async fn dequeue(&self, req: &AcquireRequest, ticket: Ticket) -> Result<Option<Lease>> {
         let Some(row) = self.db.query_opt(DEQUEUE, &[&ticket.get()]).await? else {
             return Ok(None);
         };
@@ -816,7 +800,7 @@ impl LeaseStore for PgStore {
         granted_lease(req, &row).map(Some)
     }
 
-    async fn beat(&self, tickets: &[Ticket]) -> Result<(), StoreError> {
+    async fn beat(&self, tickets: &[Ticket]) -> Result<()> {
         let tickets: Vec<i64> = tickets.iter().map(|t| t.get()).collect();
         let life_ms = i64::try_from(TICKET_LIFE.as_millis()).unwrap_or(i64::MAX);
         let client = self.db.client().await?;
@@ -833,7 +817,7 @@ impl LeaseStore for PgStore {
     }
 
     #[tracing::instrument(skip_all, fields(lease.resource = %resource))]
-    async fn inspect(&self, resource: &ResourceName) -> Result<Inspection, StoreError> {
+    async fn inspect(&self, resource: &ResourceName) -> Result<Inspection> {
         let Some(row) = self.db.query_opt(INSPECT, &[&resource.as_str()]).await? else {
             return Ok(Inspection::Absent);
         };
@@ -846,11 +830,7 @@ impl LeaseStore for PgStore {
     }
 
     #[tracing::instrument(skip_all, fields(lease.resource = %resource))]
-    async fn watch(
-        &self,
-        resource: &ResourceName,
-        timeout: Duration,
-    ) -> Result<Watching, StoreError> {
+    async fn watch(&self, resource: &ResourceName, timeout: Duration) -> Result<Watching> {
         let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
         let row = self
             .db
@@ -888,24 +868,16 @@ impl LeaseStore for PgStore {
     }
 
     #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
-    async fn renew(
-        &self,
-        req: &RenewRequest,
-        deadline: Deadline,
-    ) -> Result<RenewOutcome, StoreError> {
+    async fn renew(&self, req: &RenewRequest, deadline: Deadline) -> Result<RenewOutcome> {
         self.decide(req, deadline).await
     }
 
     #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
-    async fn release(
-        &self,
-        req: &ReleaseRequest,
-        deadline: Deadline,
-    ) -> Result<ReleaseOutcome, StoreError> {
+    async fn release(&self, req: &ReleaseRequest, deadline: Deadline) -> Result<ReleaseOutcome> {
         self.decide(req, deadline).await
     }
 
-    async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError> {
+    async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64> {
         let client = self.db.client().await?;
         client.execute(PURGE_WAITERS, &[]).await.map_err(classify)?;
         client
@@ -915,7 +887,7 @@ impl LeaseStore for PgStore {
         Db::purge(&client, PURGE, grace, limit).await
     }
 
-    async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory, StoreError> {
+    async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory> {
         let limit = i64::try_from(req.limit.get()).unwrap_or(i64::MAX);
         let client = self.db.client().await?;
         let statement = client.prepare_cached(HISTORY).await.map_err(classify)?;
@@ -938,16 +910,12 @@ impl LeaseStore for PgStore {
         })
     }
 
-    async fn purge_history_batch(
-        &self,
-        retention: Duration,
-        limit: u64,
-    ) -> Result<u64, StoreError> {
+    async fn purge_history_batch(&self, retention: Duration, limit: u64) -> Result<u64> {
         let client = self.db.client().await?;
         Db::purge(&client, PURGE_HISTORY, retention, limit).await
     }
 
-    async fn trim_history(&self, keep: u64, recent: Duration) -> Result<u64, StoreError> {
+    async fn trim_history(&self, keep: u64, recent: Duration) -> Result<u64> {
         let keep = i32::try_from(keep).unwrap_or(i32::MAX);
         let recent_ms = i64::try_from(recent.as_millis()).unwrap_or(i64::MAX);
         let row = self
@@ -958,7 +926,7 @@ impl LeaseStore for PgStore {
         Ok(u64::try_from(trimmed).unwrap_or(0))
     }
 
-    async fn count_live(&self) -> Result<u64, StoreError> {
+    async fn count_live(&self) -> Result<u64> {
         let row = self.db.query_opt(COUNT_LIVE, &[]).await?;
         let count: i64 = row.map_or(0, |row| row.get(0));
         Ok(u64::try_from(count).unwrap_or(0))
@@ -966,13 +934,13 @@ impl LeaseStore for PgStore {
 
     /// A real write (the probe row), committed like a lease change: a standby, a
     /// read-only database or a full disk fail it the way they would fail an acquisition.
-    async fn ping(&self) -> Result<(), StoreError> {
+    async fn ping(&self) -> Result<()> {
         let client = self.db.client().await?;
         client.simple_query(PROBE).await.map_err(classify)?;
         Ok(())
     }
 
-    async fn list(&self, req: &ListRequest) -> Result<LeasePage, StoreError> {
+    async fn list(&self, req: &ListRequest) -> Result<LeasePage> {
         self.list_page(req).await
     }
 
@@ -986,12 +954,10 @@ impl LeaseStore for PgStore {
 }
 
 /// The lease in a row of `INSPECT`'s columns (owner, fence, acquired, expires, now).
-fn inspected(resource: &ResourceName, row: &Row) -> Result<Lease, StoreError> {
-    let owner: &str = row.get(0);
+fn inspected(resource: &ResourceName, row: &Row) -> Result<Lease> {
     Ok(Lease {
+        owner: Owner::parse(row.get(0)).map_err(|e| StoreError::corrupt("owner", e))?,
         resource: resource.clone(),
-        owner: Owner::parse(owner)
-            .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored owner: {e}")))?,
         fence: fence(row, 1)?,
         acquired_at: row.get(2),
         expires_at: row.get(3),
@@ -1001,7 +967,7 @@ fn inspected(resource: &ResourceName, row: &Row) -> Result<Lease, StoreError> {
 
 /// The lease granted to `req` in a row whose first columns are its fence, `acquired_at`,
 /// `expires_at` and the database's clock (`ACQUIRE`'s and `DEQUEUE`'s answers).
-fn granted_lease(req: &AcquireRequest, row: &Row) -> Result<Lease, StoreError> {
+fn granted_lease(req: &AcquireRequest, row: &Row) -> Result<Lease> {
     Ok(Lease {
         resource: req.resource.clone(),
         owner: req.owner.clone(),
@@ -1030,7 +996,7 @@ fn held(
 }
 
 /// The event a grant names, as the SQL functions spell it.
-fn acquisition(how: &str) -> Result<Acquisition, StoreError> {
+fn acquisition(how: &str) -> Result<Acquisition> {
     match how {
         "fresh" => Ok(Acquisition::Fresh),
         "reacquired" => Ok(Acquisition::Reacquired),
@@ -1051,9 +1017,8 @@ fn ttl_param(seconds: u32) -> i32 {
     i32::try_from(seconds).unwrap_or(i32::MAX)
 }
 
-fn fence(row: &Row, index: usize) -> Result<Fence, StoreError> {
-    Fence::new(row.get(index))
-        .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored fence: {e}")))
+fn fence(row: &Row, index: usize) -> Result<Fence> {
+    Fence::new(row.get(index)).map_err(|e| StoreError::corrupt("fence", e))
 }
 
 /// Raised by `fencelock_in_time` (see the migrations): the request's deadline had passed
@@ -1112,7 +1077,7 @@ impl PgStore {
     /// statement each, on one connection; a prefix of the scope that holds enough leases
     /// ends the page without a look at the others.
     #[tracing::instrument(skip_all)]
-    async fn list_page(&self, req: &ListRequest) -> Result<LeasePage, StoreError> {
+    async fn list_page(&self, req: &ListRequest) -> Result<LeasePage> {
         let client = self.db.client().await?;
         let statement = client.prepare_cached(LIST).await.map_err(classify)?;
         let wanted = req.limit.get() + 1;
@@ -1134,7 +1099,7 @@ impl PgStore {
     }
 }
 
-fn past_lease(row: &Row) -> Result<PastLease, StoreError> {
+fn past_lease(row: &Row) -> Result<PastLease> {
     let recorded = row
         .get::<_, Option<&str>>(4)
         .map(|kind| {
@@ -1153,11 +1118,10 @@ fn past_lease(row: &Row) -> Result<PastLease, StoreError> {
     })
 }
 
-fn listed(row: &Row) -> Result<ListedLease, StoreError> {
+fn listed(row: &Row) -> Result<ListedLease> {
     let resource: &str = row.get(0);
     Ok(ListedLease {
-        resource: ResourceName::parse(resource)
-            .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored resource: {e}")))?,
+        resource: ResourceName::parse(resource).map_err(|e| StoreError::corrupt("resource", e))?,
         fence: fence(row, 1)?,
         acquired_at: row.get(2),
         expires_at: row.get(3),

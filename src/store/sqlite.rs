@@ -21,9 +21,9 @@ use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Deadline, LeaseStore, StoreError, TICKET_LIFE};
+use super::{Deadline, LeaseStore, Result, StoreError, TICKET_LIFE};
 use crate::wake::Changes;
-use fencelock::domain::decide::{self, AcquireVerdict};
+use fencelock::domain::decide::{self, AcquireVerdict, HolderRefusal};
 use fencelock::domain::{
     AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Inspection, Lease,
     LeaseHistory, LockDelay, Owner, PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest,
@@ -105,10 +105,10 @@ impl SqliteStore {
     /// Runs `op` on the store thread inside the next batch and returns its result once the
     /// batch has committed. The operation is skipped, and never takes effect, if its
     /// requester has stopped waiting or `deadline` has passed by the time its turn comes.
-    async fn call<T, F>(&self, deadline: Option<Deadline>, op: F) -> Result<T, StoreError>
+    async fn call<T, F>(&self, deadline: Option<Deadline>, op: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         let job = Box::new(Pending {
@@ -126,21 +126,25 @@ impl SqliteStore {
             .map_err(|_| StoreError::unavailable("the SQLite thread has stopped"))?
     }
 
-    /// Runs the lock write `op` by `deadline` (see [`SqliteStore::call`]), and announces a
-    /// change of `resource` to this process's waiters and watchers when `changed` says the
-    /// outcome changed its lease (other processes see it in their poll of the file).
-    async fn write_announced<T, F>(
+    /// Runs the lock write `op` on `req` by `deadline` (see [`SqliteStore::call`]), and
+    /// announces a change of `resource` to this process's waiters and watchers when `changed`
+    /// says the outcome changed its lease (other processes see it in their poll of the file).
+    async fn write_announced<R, T>(
         &self,
         resource: &ResourceName,
         deadline: Deadline,
-        op: F,
-        changed: impl FnOnce(&T) -> bool,
-    ) -> Result<T, StoreError>
+        req: &R,
+        op: fn(&Connection, &R) -> Result<T>,
+        changed: fn(&T) -> bool,
+    ) -> Result<T>
     where
+        R: Clone + Send + 'static,
         T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        let outcome = self.call(Some(deadline), op).await?;
+        let req = req.clone();
+        let outcome = self
+            .call(Some(deadline), move |conn| op(conn, &req))
+            .await?;
         if changed(&outcome) {
             self.changes.changed(resource.as_str());
         }
@@ -349,15 +353,15 @@ trait Job: Send {
 
 struct Pending<T, F> {
     op: Option<F>,
-    result: Option<Result<T, StoreError>>,
+    result: Option<Result<T>>,
     deadline: Option<Deadline>,
-    reply: oneshot::Sender<Result<T, StoreError>>,
+    reply: oneshot::Sender<Result<T>>,
 }
 
 impl<T, F> Job for Pending<T, F>
 where
     T: Send,
-    F: FnOnce(&Connection) -> Result<T, StoreError> + Send,
+    F: FnOnce(&Connection) -> Result<T> + Send,
 {
     fn abandoned(&self) -> bool {
         self.reply.is_closed() || self.deadline.is_some_and(Deadline::has_passed)
@@ -443,7 +447,7 @@ fn run_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Job>>) {
 /// The savepoint statements are cached like the operations' own, rather than taken from
 /// rusqlite's `Savepoint`, which parses its SQL anew each time: that is two statements
 /// parsed per operation, on the one thread every write waits for.
-fn run_in_savepoint(conn: &Connection, job: &mut dyn Job) -> Result<(), StoreError> {
+fn run_in_savepoint(conn: &Connection, job: &mut dyn Job) -> Result<()> {
     let exec = |sql| {
         conn.prepare_cached(sql)
             .and_then(|mut s| s.execute([]))
@@ -468,12 +472,12 @@ fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-fn timestamp(ms: i64) -> Result<DateTime<Utc>, StoreError> {
+fn timestamp(ms: i64) -> Result<DateTime<Utc>> {
     DateTime::from_timestamp_millis(ms)
         .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("stored time {ms} is out of range")))
 }
 
-fn stored_fence(value: i64) -> Result<Fence, StoreError> {
+fn stored_fence(value: i64) -> Result<Fence> {
     Fence::new(value).map_err(|e| StoreError::Internal(anyhow::anyhow!("fence: {e}")))
 }
 
@@ -484,7 +488,7 @@ fn lease(
     acquired_ms: i64,
     expires_ms: i64,
     now: i64,
-) -> Result<Lease, StoreError> {
+) -> Result<Lease> {
     Ok(Lease {
         resource: resource.clone(),
         owner: owner.clone(),
@@ -515,7 +519,7 @@ impl Row {
     }
 }
 
-fn current(conn: &Connection, resource: &ResourceName) -> Result<Option<Row>, StoreError> {
+fn current(conn: &Connection, resource: &ResourceName) -> Result<Option<Row>> {
     let raw = conn
         .prepare_cached(
             "SELECT owner, fence, acquired_at, expires_at, lock_delay_ms
@@ -535,7 +539,7 @@ fn current(conn: &Connection, resource: &ResourceName) -> Result<Option<Row>, St
             acquired_at,
             expires_at: timestamp(expires_at)?,
             lock_delay: LockDelay::new(lock_delay_ms)
-                .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored lock delay: {e}")))?,
+                .map_err(|e| StoreError::corrupt("lock delay", e))?,
         })
     })
     .transpose()
@@ -544,7 +548,7 @@ fn current(conn: &Connection, resource: &ResourceName) -> Result<Option<Row>, St
 // The functions below run inside the batch transaction, which holds SQLite's write lock:
 // reading the row, deciding (`domain::decide`) and writing it is one atomic step.
 
-fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome> {
     let now = now_ms();
     if let Some(TokenQuota {
         name,
@@ -660,7 +664,7 @@ fn waiters_ahead(
     resource: &ResourceName,
     ticket: Option<Ticket>,
     now: i64,
-) -> Result<Option<i64>, StoreError> {
+) -> Result<Option<i64>> {
     conn.prepare_cached(WAITERS_AHEAD)
         .and_then(|mut s| {
             s.query_row(
@@ -673,11 +677,7 @@ fn waiters_ahead(
 
 /// A ticket at the end of the queue: it lives by its heartbeat (migration V7), [`TICKET_LIFE`]
 /// at first, never past the wait's end, extended by [`beat`] while its waiter is alive.
-fn enqueue(
-    conn: &Connection,
-    resource: &ResourceName,
-    wait: Duration,
-) -> Result<Ticket, StoreError> {
+fn enqueue(conn: &Connection, resource: &ResourceName, wait: Duration) -> Result<Ticket> {
     let now = now_ms();
     let until = now.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
     let alive = until.min(now.saturating_add(life_ms()));
@@ -696,7 +696,7 @@ fn life_ms() -> i64 {
 
 /// The heartbeat of this process's waiters: each ticket lives [`TICKET_LIFE`] more, never past
 /// its wait's end; one that had lapsed lives again (its waiter is alive, and keeps its place).
-fn beat(conn: &Connection, tickets: &[Ticket]) -> Result<(), StoreError> {
+fn beat(conn: &Connection, tickets: &[Ticket]) -> Result<()> {
     let alive = now_ms().saturating_add(life_ms());
     let mut statement = conn
         .prepare_cached(
@@ -712,20 +712,19 @@ fn beat(conn: &Connection, tickets: &[Ticket]) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn dequeue(conn: &Connection, ticket: Ticket) -> Result<(), StoreError> {
+fn dequeue(conn: &Connection, ticket: Ticket) -> Result<()> {
     conn.prepare_cached("DELETE FROM lease_waiters WHERE ticket = ?1")
         .and_then(|mut s| s.execute([ticket.get()]))
         .map(|_| ())
         .map_err(classify)
 }
 
-fn inspect(conn: &Connection, resource: &ResourceName) -> Result<Inspection, StoreError> {
+fn inspect(conn: &Connection, resource: &ResourceName) -> Result<Inspection> {
     let now = now_ms();
     let at = timestamp(now)?;
     match current(conn, resource)? {
         Some(row) if row.current().is_live(at) => {
-            let owner = Owner::parse(&row.owner)
-                .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored owner: {e}")))?;
+            let owner = Owner::parse(&row.owner).map_err(|e| StoreError::corrupt("owner", e))?;
             let expires = row.expires_at.timestamp_millis();
             lease(resource, &owner, row.fence, row.acquired_at, expires, now).map(Inspection::Live)
         }
@@ -736,16 +735,27 @@ fn inspect(conn: &Connection, resource: &ResourceName) -> Result<Inspection, Sto
     }
 }
 
-fn renew(conn: &Connection, req: &RenewRequest) -> Result<RenewOutcome, StoreError> {
+/// The resource's row if [`decide::holder`] lets `owner` (with `fence`, when given) change
+/// its lease at `now`; else the refusal to answer.
+fn changeable<R: HolderRefusal>(
+    conn: &Connection,
+    resource: &ResourceName,
+    owner: &Owner,
+    fence: Option<Fence>,
+    now: i64,
+) -> Result<std::result::Result<Row, R>> {
+    let row = current(conn, resource)?;
+    let current = row.as_ref().map(Row::current);
+    let verdict = decide::holder(current.as_ref(), owner, fence, timestamp(now)?);
+    Ok(verdict.map(|()| row.expect("decide::holder refuses a missing row")))
+}
+
+fn renew(conn: &Connection, req: &RenewRequest) -> Result<RenewOutcome> {
     let now = now_ms();
-    let Some(row) = current(conn, &req.resource)? else {
-        return Ok(RenewOutcome::NotFound);
+    let row = match changeable(conn, &req.resource, &req.owner, req.fence, now)? {
+        Ok(row) => row,
+        Err(refusal) => return Ok(refusal),
     };
-    if let Err(refusal) =
-        decide::renew(Some(&row.current()), &req.owner, req.fence, timestamp(now)?)
-    {
-        return Ok(refusal);
-    }
     let expires = now + req.ttl.millis();
     conn.prepare_cached("UPDATE leases SET expires_at = ?2 WHERE resource = ?1")
         .and_then(|mut s| s.execute(params![req.resource.as_str(), expires]))
@@ -762,16 +772,12 @@ fn renew(conn: &Connection, req: &RenewRequest) -> Result<RenewOutcome, StoreErr
     .map(RenewOutcome::Renewed)
 }
 
-fn release(conn: &Connection, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
+fn release(conn: &Connection, req: &ReleaseRequest) -> Result<ReleaseOutcome> {
     let now = now_ms();
-    let Some(row) = current(conn, &req.resource)? else {
-        return Ok(ReleaseOutcome::NotFound);
+    let row = match changeable(conn, &req.resource, &req.owner, req.fence, now)? {
+        Ok(row) => row,
+        Err(refusal) => return Ok(refusal),
     };
-    if let Err(refusal) =
-        decide::release(Some(&row.current()), &req.owner, req.fence, timestamp(now)?)
-    {
-        return Ok(refusal);
-    }
     conn.prepare_cached("DELETE FROM leases WHERE resource = ?1")
         .and_then(|mut s| s.execute([req.resource.as_str()]))
         .map_err(classify)?;
@@ -785,7 +791,7 @@ fn release(conn: &Connection, req: &ReleaseRequest) -> Result<ReleaseOutcome, St
 
 /// A lease inside its lock delay is kept whatever the grace: it still keeps other owners
 /// out. (The first condition alone lets the expiry index find the candidates.)
-fn purge_batch(conn: &Connection, grace: Duration, limit: u64) -> Result<u64, StoreError> {
+fn purge_batch(conn: &Connection, grace: Duration, limit: u64) -> Result<u64> {
     let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
     let cutoff = now_ms().saturating_sub(grace_ms);
     // Tickets of waiters that are gone without leaving the queue (their process died):
@@ -804,7 +810,7 @@ fn purge_batch(conn: &Connection, grace: Duration, limit: u64) -> Result<u64, St
 }
 
 /// Served by the expiry index (`leases_expires_at_idx`), which covers the query.
-fn count_live(conn: &Connection) -> Result<u64, StoreError> {
+fn count_live(conn: &Connection) -> Result<u64> {
     conn.prepare_cached("SELECT count(*) FROM leases WHERE expires_at > ?1")
         .and_then(|mut s| s.query_row([now_ms()], |r| r.get::<_, i64>(0)))
         .map(|n| u64::try_from(n).unwrap_or(0))
@@ -813,22 +819,13 @@ fn count_live(conn: &Connection) -> Result<u64, StoreError> {
 
 #[async_trait]
 impl LeaseStore for SqliteStore {
-    async fn acquire(
-        &self,
-        req: &AcquireRequest,
-        deadline: Deadline,
-    ) -> Result<AcquireOutcome, StoreError> {
-        let owned = req.clone();
-        self.write_announced(
-            &req.resource,
-            deadline,
-            move |conn| acquire(conn, &owned),
-            |outcome| matches!(outcome, AcquireOutcome::Acquired { .. }),
-        )
-        .await
+    async fn acquire(&self, req: &AcquireRequest, deadline: Deadline) -> Result<AcquireOutcome> {
+        let granted = |outcome: &_| matches!(outcome, AcquireOutcome::Acquired { .. });
+        self.write_announced(&req.resource, deadline, req, acquire, granted)
+            .await
     }
 
-    async fn enqueue(&self, req: &AcquireRequest, wait: Duration) -> Result<Ticket, StoreError> {
+    async fn enqueue(&self, req: &AcquireRequest, wait: Duration) -> Result<Ticket> {
         let resource = req.resource.clone();
         self.call(None, move |conn| enqueue(conn, &resource, wait))
             .await
@@ -836,11 +833,7 @@ impl LeaseStore for SqliteStore {
 
     /// Releases do not serve waiters here (the head's own attempt follows at once, in the
     /// same process or within a poll), so a ticket never holds a grant.
-    async fn dequeue(
-        &self,
-        req: &AcquireRequest,
-        ticket: Ticket,
-    ) -> Result<Option<Lease>, StoreError> {
+    async fn dequeue(&self, req: &AcquireRequest, ticket: Ticket) -> Result<Option<Lease>> {
         self.call(None, move |conn| dequeue(conn, ticket)).await?;
         self.changes.changed(req.resource.as_str());
         Ok(None)
@@ -850,7 +843,7 @@ impl LeaseStore for SqliteStore {
         self.changes.clone()
     }
 
-    async fn beat(&self, tickets: &[Ticket]) -> Result<(), StoreError> {
+    async fn beat(&self, tickets: &[Ticket]) -> Result<()> {
         let tickets = tickets.to_vec();
         self.call(None, move |conn| beat(conn, &tickets)).await
     }
@@ -858,7 +851,7 @@ impl LeaseStore for SqliteStore {
     /// Looks at the resources acquired since this process's last trim (all of them, the
     /// first time), not at `recent`: the file has no index by time, but its history's key,
     /// the fence, grows with it.
-    async fn trim_history(&self, keep: u64, _recent: Duration) -> Result<u64, StoreError> {
+    async fn trim_history(&self, keep: u64, _recent: Duration) -> Result<u64> {
         let since = self.trimmed_through.load(Ordering::Relaxed);
         let (trimmed, newest) = self
             .call(None, move |conn| history::trim(conn, keep, since))
@@ -867,62 +860,45 @@ impl LeaseStore for SqliteStore {
         Ok(trimmed)
     }
 
-    async fn inspect(&self, resource: &ResourceName) -> Result<Inspection, StoreError> {
+    async fn inspect(&self, resource: &ResourceName) -> Result<Inspection> {
         let resource = resource.clone();
         self.call(None, move |conn| inspect(conn, &resource)).await
     }
 
-    async fn renew(
-        &self,
-        req: &RenewRequest,
-        deadline: Deadline,
-    ) -> Result<RenewOutcome, StoreError> {
+    async fn renew(&self, req: &RenewRequest, deadline: Deadline) -> Result<RenewOutcome> {
         let req = req.clone();
         self.call(Some(deadline), move |conn| renew(conn, &req))
             .await
     }
 
-    async fn release(
-        &self,
-        req: &ReleaseRequest,
-        deadline: Deadline,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        let owned = req.clone();
-        self.write_announced(
-            &req.resource,
-            deadline,
-            move |conn| release(conn, &owned),
-            |outcome| matches!(outcome, ReleaseOutcome::Released { .. }),
-        )
-        .await
+    async fn release(&self, req: &ReleaseRequest, deadline: Deadline) -> Result<ReleaseOutcome> {
+        let released = |outcome: &_| matches!(outcome, ReleaseOutcome::Released { .. });
+        self.write_announced(&req.resource, deadline, req, release, released)
+            .await
     }
 
-    async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64, StoreError> {
+    async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64> {
         self.call(None, move |conn| purge_batch(conn, grace, limit))
             .await
     }
 
-    async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory, StoreError> {
+    async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory> {
         let req = req.clone();
         self.call(None, move |conn| history::read(conn, &req)).await
     }
 
-    async fn purge_history_batch(
-        &self,
-        retention: Duration,
-        limit: u64,
-    ) -> Result<u64, StoreError> {
+    async fn purge_history_batch(&self, retention: Duration, limit: u64) -> Result<u64> {
         self.call(None, move |conn| history::purge(conn, retention, limit))
             .await
     }
 
-    async fn count_live(&self) -> Result<u64, StoreError> {
+    async fn count_live(&self) -> Result<u64> {
         self.call(None, count_live).await
     }
 
     /// A real write, committed like any lease change: a read-only file or file system, or a
     /// full disk, fails it the way it would fail an acquisition.
-    async fn ping(&self) -> Result<(), StoreError> {
+    async fn ping(&self) -> Result<()> {
         self.call(None, |conn| {
             conn.prepare_cached("UPDATE store_probe SET writes = writes + 1 WHERE id = 1")
                 .and_then(|mut s| s.execute([]))
@@ -932,7 +908,7 @@ impl LeaseStore for SqliteStore {
         .await
     }
 
-    async fn list(&self, req: &ListRequest) -> Result<LeasePage, StoreError> {
+    async fn list(&self, req: &ListRequest) -> Result<LeasePage> {
         let req = req.clone();
         self.call(None, move |conn| list(conn, &req)).await
     }
@@ -952,7 +928,7 @@ ORDER BY resource LIMIT ?4";
 /// still needs, plus one lease that tells whether a next page exists. `resource` is the
 /// primary key, compared with BINARY collation (byte order, as PostgreSQL's "C"), so each
 /// range is a search of its index. All ranges are read in the batch's one transaction.
-fn list(conn: &Connection, req: &ListRequest) -> Result<LeasePage, StoreError> {
+fn list(conn: &Connection, req: &ListRequest) -> Result<LeasePage> {
     let now = now_ms();
     let wanted = req.limit.get() + 1;
     let mut leases = Vec::with_capacity(wanted);
@@ -973,7 +949,7 @@ fn list(conn: &Connection, req: &ListRequest) -> Result<LeasePage, StoreError> {
             let (resource, fence, acquired_at, expires_at) = row.map_err(classify)?;
             leases.push(ListedLease {
                 resource: ResourceName::parse(&resource)
-                    .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored resource: {e}")))?,
+                    .map_err(|e| StoreError::corrupt("resource", e))?,
                 fence: stored_fence(fence)?,
                 acquired_at: timestamp(acquired_at)?,
                 expires_at: timestamp(expires_at)?,
@@ -1003,7 +979,7 @@ mod history {
         fence: i64,
         now: i64,
         expires: i64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<()> {
         if let Some(old) = replaced {
             if old.current().is_live(timestamp(now)?) {
                 ended(conn, old.fence, RecordedEnd::Released, now)?;
@@ -1021,7 +997,7 @@ mod history {
         .map_err(classify)
     }
 
-    pub(super) fn renewed(conn: &Connection, fence: Fence, expires: i64) -> Result<(), StoreError> {
+    pub(super) fn renewed(conn: &Connection, fence: Fence, expires: i64) -> Result<()> {
         conn.prepare_cached(
             "UPDATE lease_history SET expires_at = ?2, renewals = renewals + 1 WHERE fence = ?1",
         )
@@ -1030,12 +1006,7 @@ mod history {
         .map_err(classify)
     }
 
-    pub(super) fn ended(
-        conn: &Connection,
-        fence: Fence,
-        end: RecordedEnd,
-        at: i64,
-    ) -> Result<(), StoreError> {
+    pub(super) fn ended(conn: &Connection, fence: Fence, end: RecordedEnd, at: i64) -> Result<()> {
         conn.prepare_cached(
             "UPDATE lease_history SET end_kind = ?2, ended_at = ?3
              WHERE fence = ?1 AND end_kind IS NULL",
@@ -1046,10 +1017,7 @@ mod history {
     }
 
     /// Newest first: a range scan of `lease_history_resource_fence_idx`.
-    pub(super) fn read(
-        conn: &Connection,
-        req: &HistoryRequest,
-    ) -> Result<LeaseHistory, StoreError> {
+    pub(super) fn read(conn: &Connection, req: &HistoryRequest) -> Result<LeaseHistory> {
         let now = now_ms();
         let limit = i64::try_from(req.limit.get()).unwrap_or(i64::MAX);
         let mut statement = conn
@@ -1099,7 +1067,7 @@ mod history {
     /// Each resource acquired since fence `since` keeps its newest `keep` rows: the new rows
     /// are a range of the table's key (the fence), each resource's newest a range of its
     /// index. Returns how many rows it deleted, and the newest fence it saw.
-    pub(super) fn trim(conn: &Connection, keep: u64, since: i64) -> Result<(u64, i64), StoreError> {
+    pub(super) fn trim(conn: &Connection, keep: u64, since: i64) -> Result<(u64, i64)> {
         let newest: i64 = conn
             .prepare_cached("SELECT coalesce(max(fence), 0) FROM lease_history")
             .and_then(|mut s| s.query_row([], |r| r.get(0)))
@@ -1121,11 +1089,7 @@ mod history {
 
     /// At most `limit` rows of leases that ended (by release or expiry) more than `retention`
     /// ago; a live lease's row never qualifies.
-    pub(super) fn purge(
-        conn: &Connection,
-        retention: Duration,
-        limit: u64,
-    ) -> Result<u64, StoreError> {
+    pub(super) fn purge(conn: &Connection, retention: Duration, limit: u64) -> Result<u64> {
         let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
         let cutoff = now_ms().saturating_sub(retention_ms);
         conn.prepare_cached(

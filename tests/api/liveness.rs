@@ -21,14 +21,11 @@ use crate::waiting::{at, until_queued};
 /// free, whatever happened to the waiters before it (API.md).
 const LIVENESS_BOUND: Duration = Duration::from_secs(3);
 
+/// A waiting acquisition in flight, answered on its task.
+type Waiter = tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>;
+
 /// `POST /locks/{resource}` waiting up to `wait_ms`, answered on the returned task.
-fn wait_on(
-    client: &reqwest::Client,
-    url: String,
-    owner: &str,
-    ttl: i64,
-    wait_ms: i64,
-) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+fn wait_on(client: &reqwest::Client, url: String, owner: &str, ttl: i64, wait_ms: i64) -> Waiter {
     let request = client
         .post(url)
         .json(&json!({ "owner": owner, "ttl_seconds": ttl, "wait_ms": wait_ms }));
@@ -50,22 +47,33 @@ async fn a_waiter_whose_instance_died_gets_nothing(kind: StoreKind) {
     doomed.kill9();
     assert!(!doomed.is_running());
 
-    let released = survivor
-        .release("r", json!({ "owner": "holder", "fence": fence(&holder) }))
+    let released_at = released(&survivor, &holder).await;
+    let next = next_within_the_bound(&client, &survivor, released_at).await;
+    assert_eq!(next["lock"]["owner"], "next");
+}
+
+/// The holder of `r` releases it; when.
+async fn released(app: &TestApp, holder: &Value) -> Instant {
+    let released = app
+        .release("r", json!({ "owner": "holder", "fence": fence(holder) }))
         .await;
     assert_eq!(released.status(), 204);
-    let released_at = Instant::now();
-    let next = json_answer(client.post(survivor.url("/locks/r")).json(&json!({
+    Instant::now()
+}
+
+/// Another owner, waiting for `r` on `app`, gets it within [`LIVENESS_BOUND`] of `since`.
+async fn next_within_the_bound(client: &reqwest::Client, app: &TestApp, since: Instant) -> Value {
+    let next = json_answer(client.post(app.url("/locks/r")).json(&json!({
         "owner": "next", "ttl_seconds": 60, "wait_ms": 10_000
     })))
     .await;
-    let took = released_at.elapsed();
+    let took = since.elapsed();
     assert_eq!(next["acquired"], true, "{next}");
-    assert_eq!(next["lock"]["owner"], "next");
     assert!(
         took < LIVENESS_BOUND,
         "the next owner got the resource {took:?} after the release"
     );
+    next
 }
 
 /// The same with a waiter that is alive but cannot reach PostgreSQL (its instance's store
@@ -75,19 +83,18 @@ async fn a_waiter_whose_instance_died_gets_nothing(kind: StoreKind) {
 /// grant of a lease that is live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_its_waiter_cannot_take_is_undone() {
-    let (cut_off, proxy, other) = partitionable().await;
+    let Partitioned {
+        _cut_off: _serving,
+        proxy,
+        other,
+        holder,
+        client,
+        waiter: stranded,
+    } = waiting_behind_a_partition("stranded", 8_000).await;
     let db = pg_connect(&other.db.url()).await;
-    let holder = other.acquire_ok("r", "holder", 60).await;
-    let client = client();
-    let stranded = wait_on(&client, cut_off.url("/locks/r"), "stranded", 30, 8_000);
-    until_queued(&other, "r", 1).await;
 
     proxy.freeze();
-    let released = other
-        .release("r", json!({ "owner": "holder", "fence": fence(&holder) }))
-        .await;
-    assert_eq!(released.status(), 204);
-    let released_at = Instant::now();
+    let released_at = released(&other, &holder).await;
     let granted: Option<i64> = db
         .query_one(
             "SELECT max(granted_fence) FROM lease_waiters WHERE resource = 'r'",
@@ -97,24 +104,11 @@ async fn a_grant_its_waiter_cannot_take_is_undone() {
         .unwrap()
         .get(0);
     let granted = granted.expect("the release granted the live (not yet lapsed) ticket");
-    let next = json_answer(client.post(other.url("/locks/r")).json(&json!({
-        "owner": "next", "ttl_seconds": 60, "wait_ms": 10_000
-    })))
-    .await;
-    let took = released_at.elapsed();
-    assert_eq!(next["acquired"], true, "{next}");
+    let next = next_within_the_bound(&client, &other, released_at).await;
     assert!(fence(&next["lock"]) > granted);
-    assert!(
-        took < LIVENESS_BOUND,
-        "the next owner got the resource {took:?} after the release"
-    );
     proxy.thaw();
 
-    let answer = tokio::time::timeout(Duration::from_secs(30), stranded)
-        .await
-        .expect("the stranded waiter answers")
-        .unwrap()
-        .unwrap();
+    let answer = answered(stranded).await;
     let status = answer.status();
     let answer: Value = answer.json().await.unwrap();
     assert!(
@@ -145,25 +139,21 @@ async fn a_grant_its_waiter_cannot_take_is_undone() {
 /// database again and answers with it, for its own TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_taken_after_a_short_partition_is_the_waiters() {
-    let (cut_off, proxy, other) = partitionable().await;
-    let holder = other.acquire_ok("r", "holder", 60).await;
-    let client = client();
-    let waiter = wait_on(&client, cut_off.url("/locks/r"), "waiter", 30, 20_000);
-    until_queued(&other, "r", 1).await;
+    let Partitioned {
+        _cut_off: _serving,
+        proxy,
+        other,
+        holder,
+        waiter,
+        ..
+    } = waiting_behind_a_partition("waiter", 20_000).await;
 
     proxy.freeze();
-    let released = other
-        .release("r", json!({ "owner": "holder", "fence": fence(&holder) }))
-        .await;
-    assert_eq!(released.status(), 204);
+    released(&other, &holder).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.thaw();
 
-    let answer = tokio::time::timeout(Duration::from_secs(30), waiter)
-        .await
-        .expect("the waiter answers")
-        .unwrap()
-        .unwrap();
+    let answer = answered(waiter).await;
     assert_eq!(answer.status(), 200);
     let answer: Value = answer.json().await.unwrap();
     assert_eq!(answer["acquired"], true, "{answer}");
@@ -181,9 +171,29 @@ async fn a_grant_taken_after_a_short_partition_is_the_waiters() {
     );
 }
 
-/// A server whose PostgreSQL connections go through a proxy, and another on the same
-/// database that reaches it directly.
-async fn partitionable() -> (TestApp, Proxy, TestApp) {
+/// The answer of a waiter started by [`wait_on`], within 30 s.
+async fn answered(waiter: Waiter) -> reqwest::Response {
+    tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter answers in time")
+        .expect("the waiter's task")
+        .expect("the waiter's request")
+}
+
+/// Two servers on one database: `cut_off`, whose PostgreSQL connections go through `proxy`,
+/// and `other`, which reaches it directly. `holder` holds `r` (through `other`) and `waiter`
+/// waits for it on `cut_off`, with a TTL of 30 s.
+struct Partitioned {
+    /// Serves `waiter`; kept to the end of the test.
+    _cut_off: TestApp,
+    proxy: Proxy,
+    other: TestApp,
+    holder: Value,
+    client: reqwest::Client,
+    waiter: Waiter,
+}
+
+async fn waiting_behind_a_partition(owner: &str, wait_ms: i64) -> Partitioned {
     let db = TestDb::new(StoreKind::Postgres).await;
     let proxy = Proxy::start(postgres_addr());
     let url = db.url_via(proxy.addr());
@@ -192,7 +202,18 @@ async fn partitionable() -> (TestApp, Proxy, TestApp) {
     settings.store_timeout = Duration::from_secs(1);
     let cut_off = TestApp::spawn_with(db.clone(), settings).await;
     let other = TestApp::spawn_on(db, |_| {}).await;
-    (cut_off, proxy, other)
+    let holder = other.acquire_ok("r", "holder", 60).await;
+    let client = client();
+    let waiter = wait_on(&client, cut_off.url("/locks/r"), owner, 30, wait_ms);
+    until_queued(&other, "r", 1).await;
+    Partitioned {
+        _cut_off: cut_off,
+        proxy,
+        other,
+        holder,
+        client,
+        waiter,
+    }
 }
 
 const LOCKER: &str = "locker-secret-0123456789";

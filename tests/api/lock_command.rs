@@ -50,6 +50,13 @@ fn lock(dir: &Path, url: &str, resource: &str, args: &[&str], script: &str) -> C
     command
 }
 
+/// [`lock`] on `job:1`, spawned, once CMD has written `ready`.
+async fn started(dir: &Path, url: &str, args: &[&str], script: &str) -> Child {
+    let mut child = lock(dir, url, "job:1", args, script).spawn().unwrap();
+    assert_eq!(line(&mut child).await, "ready");
+    child
+}
+
 /// The next line CMD writes on stdout, within [`PATIENCE`].
 async fn line(child: &mut Child) -> String {
     let stdout = child.stdout.as_mut().expect("stdout is piped");
@@ -78,10 +85,7 @@ async fn behind_a_proxy(ttl_seconds: u32, script: &str) -> Proxied {
     let url = format!("http://{}", proxy.addr());
     let dir = tempfile::tempdir().unwrap();
     let ttl = ttl_seconds.to_string();
-    let mut child = lock(dir.path(), &url, "job:1", &["--ttl-seconds", &ttl], script)
-        .spawn()
-        .unwrap();
-    assert_eq!(line(&mut child).await, "ready");
+    let child = started(dir.path(), &url, &["--ttl-seconds", &ttl], script).await;
     Proxied {
         app,
         proxy,
@@ -203,10 +207,7 @@ async fn signals_reach_the_command() {
     for name in ["TERM", "INT", "HUP", "QUIT"] {
         let marker = dir.path().join(name);
         let script = format!("trap 'echo {name} > {name}; exit 3' {name}; echo ready; {UNTIL_GO}");
-        let mut child = lock(dir.path(), &app.address, "job:1", &[], &script)
-            .spawn()
-            .unwrap();
-        assert_eq!(line(&mut child).await, "ready");
+        let child = started(dir.path(), &app.address, &[], &script).await;
         signal(child.id().unwrap(), &format!("-{name}"));
         let output = finished(child).await;
         assert_eq!(output.status.code(), Some(3), "{name}: {output:?}");
@@ -253,10 +254,7 @@ async fn a_lease_taken_over_stops_the_command(kind: StoreKind) {
     let dir = tempfile::tempdir().unwrap();
     let script = format!("trap 'echo TERM >> signals' TERM; echo ready; {UNTIL_GO}");
     let args = ["--ttl-seconds", "3", "--grace-seconds", "1"];
-    let mut child = lock(dir.path(), &app.address, "job:1", &args, &script)
-        .spawn()
-        .unwrap();
-    assert_eq!(line(&mut child).await, "ready");
+    let child = started(dir.path(), &app.address, &args, &script).await;
     app.db.age("job:1", 1).await;
     app.acquire_ok("job:1", "thief", TTL).await;
     let taken = Instant::now();
@@ -384,16 +382,7 @@ async fn a_deleted_lease_stops_the_whole_group(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     let dir = tempfile::tempdir().unwrap();
     let script = format!("trap 'echo TERM >> signals' TERM; {WITH_CHILDREN}; {UNTIL_GO}");
-    let mut child = lock(
-        dir.path(),
-        &app.address,
-        "job:1",
-        &["--ttl-seconds", "3"],
-        &script,
-    )
-    .spawn()
-    .unwrap();
-    assert_eq!(line(&mut child).await, "ready");
+    let child = started(dir.path(), &app.address, &["--ttl-seconds", "3"], &script).await;
     let pids = recorded_pids(dir.path(), 3);
     let own = i32::try_from(child.id().unwrap()).unwrap();
     let group = process_group(pids[2]).expect("CMD runs");
@@ -458,10 +447,7 @@ async fn killing_fencelock_lock_kills_its_command() {
     let app = TestApp::spawn(StoreKind::Sqlite).await;
     let dir = tempfile::tempdir().unwrap();
     let script = format!("{WITH_CHILDREN}; {UNTIL_GO}");
-    let mut child = lock(dir.path(), &app.address, "job:1", &[], &script)
-        .spawn()
-        .unwrap();
-    assert_eq!(line(&mut child).await, "ready");
+    let mut child = started(dir.path(), &app.address, &[], &script).await;
     let pids = recorded_pids(dir.path(), 3);
     signal(child.id().unwrap(), "-KILL");
     let _ = child.wait().await;
@@ -494,10 +480,7 @@ async fn signals_reach_the_whole_group() {
     let app = TestApp::spawn(StoreKind::Sqlite).await;
     let dir = tempfile::tempdir().unwrap();
     let script = format!("sleep 301 & echo $! > pids; echo $$ >> pids; echo ready; {UNTIL_GO}");
-    let mut child = lock(dir.path(), &app.address, "job:1", &[], &script)
-        .spawn()
-        .unwrap();
-    assert_eq!(line(&mut child).await, "ready");
+    let child = started(dir.path(), &app.address, &[], &script).await;
     let pids = recorded_pids(dir.path(), 2);
     signal(child.id().unwrap(), "-TERM");
     let output = finished(child).await;
@@ -666,10 +649,7 @@ async fn ctrl_z_stops_the_command_with_fencelock_lock() {
     let app = TestApp::spawn(StoreKind::Sqlite).await;
     let dir = tempfile::tempdir().unwrap();
     let script = format!("echo $$ > pids; echo ready; {UNTIL_GO}");
-    let mut child = lock(dir.path(), &app.address, "job:1", &[], &script)
-        .spawn()
-        .unwrap();
-    assert_eq!(line(&mut child).await, "ready");
+    let child = started(dir.path(), &app.address, &[], &script).await;
     let cmd = recorded_pids(dir.path(), 1)[0];
     let own = child.id().unwrap();
     signal(own, "-TSTP");

@@ -732,8 +732,7 @@ fn column<'a, T: FromSql<'a>>(row: &'a Row, index: usize) -> Result<T, StoreErro
 }
 
 fn fence_at(row: &Row, index: usize) -> Result<Fence, StoreError> {
-    Fence::new(column(row, index)?)
-        .map_err(|e| StoreError::Internal(anyhow::anyhow!("stored fence: {e}")))
+    Fence::new(column(row, index)?).map_err(|e| StoreError::corrupt("fence", e))
 }
 
 fn lease(resource: &ResourceName, owner: &Owner, row: &Row) -> Result<Lease, StoreError> {
