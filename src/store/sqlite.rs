@@ -36,6 +36,9 @@ mod embedded {
 }
 
 mod poll;
+mod undo;
+
+use undo::Undo;
 
 /// How long a transaction waits for another process's write lock before answering `503`.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -88,11 +91,12 @@ impl SqliteStore {
 
         let (jobs, queue) = mpsc::channel(QUEUE_DEPTH);
         let thread_path = path.to_owned();
+        let changes = Changes::new();
+        let thread_changes = changes.clone();
         std::thread::Builder::new()
             .name("fencelock-sqlite".to_owned())
-            .spawn(move || run_jobs(conn, &thread_path, queue))
+            .spawn(move || run_jobs(conn, &thread_path, queue, &thread_changes))
             .context("starting the SQLite thread")?;
-        let changes = Changes::new();
         poll::start(path, &changes)?;
         Ok(Self {
             jobs,
@@ -110,10 +114,21 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
+        self.call_undoable(deadline, move |conn, _| op(conn)).await
+    }
+
+    /// [`SqliteStore::call`] for a lock write, which notes how to take itself back (see
+    /// [`undo`]).
+    async fn call_undoable<T, F>(&self, deadline: Option<Deadline>, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, &mut Vec<Undo>) -> Result<T> + Send + 'static,
+    {
         let (reply, answer) = oneshot::channel();
         let job = Box::new(Pending {
             op: Some(op),
             result: None,
+            undo: Vec::new(),
             deadline,
             reply,
         });
@@ -126,15 +141,16 @@ impl SqliteStore {
             .map_err(|_| StoreError::unavailable("the SQLite thread has stopped"))?
     }
 
-    /// Runs the lock write `op` on `req` by `deadline` (see [`SqliteStore::call`]), and
-    /// announces a change of `resource` to this process's waiters and watchers when `changed`
-    /// says the outcome changed its lease (other processes see it in their poll of the file).
+    /// Runs the lock write `op` on `req` by `deadline` (see [`SqliteStore::call_undoable`]),
+    /// and announces a change of `resource` to this process's waiters and watchers when
+    /// `changed` says the outcome changed its lease (other processes see it in their poll of
+    /// the file).
     async fn write_announced<R, T>(
         &self,
         resource: &ResourceName,
         deadline: Deadline,
         req: &R,
-        op: fn(&Connection, &R) -> Result<T>,
+        op: fn(&Connection, &R, &mut Vec<Undo>) -> Result<T>,
         changed: fn(&T) -> bool,
     ) -> Result<T>
     where
@@ -142,9 +158,8 @@ impl SqliteStore {
         T: Send + 'static,
     {
         let req = req.clone();
-        let outcome = self
-            .call(Some(deadline), move |conn| op(conn, &req))
-            .await?;
+        let write = move |conn: &Connection, undo: &mut Vec<Undo>| op(conn, &req, undo);
+        let outcome = self.call_undoable(Some(deadline), write).await?;
         if changed(&outcome) {
             self.changes.changed(resource.as_str());
         }
@@ -345,15 +360,20 @@ trait Job: Send {
     /// Whether nobody needs this operation any more: its requester gave up (it has answered
     /// `503` or its client went away), or its deadline passed while it waited for its turn.
     /// Such an operation must not run: its effect would land after the caller was told
-    /// "unknown".
+    /// "unknown". Asked again after the commit: a lock write that committed abandoned is
+    /// taken back ([`undo`]).
     fn abandoned(&self) -> bool;
     fn run(&mut self, conn: &Connection) -> bool;
-    fn finish(self: Box<Self>, commit: Result<(), &StoreError>);
+    /// How to take back what `run` wrote, newest last; empty for all but lock writes.
+    fn undo(&mut self) -> Vec<Undo>;
+    /// `taken_back`: the commit succeeded, but the write was taken back since.
+    fn finish(self: Box<Self>, commit: Result<(), &StoreError>, taken_back: bool);
 }
 
 struct Pending<T, F> {
     op: Option<F>,
     result: Option<Result<T>>,
+    undo: Vec<Undo>,
     deadline: Option<Deadline>,
     reply: oneshot::Sender<Result<T>>,
 }
@@ -361,7 +381,7 @@ struct Pending<T, F> {
 impl<T, F> Job for Pending<T, F>
 where
     T: Send,
-    F: FnOnce(&Connection) -> Result<T> + Send,
+    F: FnOnce(&Connection, &mut Vec<Undo>) -> Result<T> + Send,
 {
     fn abandoned(&self) -> bool {
         self.reply.is_closed() || self.deadline.is_some_and(Deadline::has_passed)
@@ -375,18 +395,27 @@ where
         }
         let result = self.op.take().map_or_else(
             || Err(StoreError::Internal(anyhow::anyhow!("operation ran twice"))),
-            |op| op(conn),
+            |op| op(conn, &mut self.undo),
         );
         let ok = result.is_ok();
+        if !ok {
+            // Its savepoint is rolled back: nothing of it is left to take back.
+            self.undo.clear();
+        }
         self.result = Some(result);
         ok
     }
 
-    fn finish(self: Box<Self>, commit: Result<(), &StoreError>) {
+    fn undo(&mut self) -> Vec<Undo> {
+        std::mem::take(&mut self.undo)
+    }
+
+    fn finish(self: Box<Self>, commit: Result<(), &StoreError>, taken_back: bool) {
         let outcome = match (commit, self.result) {
             // A failed batch rolled back: nothing of it was written, whatever the cause.
             (Err(e @ StoreError::NotWritable(_)), _) => Err(e.same_kind()),
             (Err(e), _) => Err(StoreError::unavailable(e)),
+            (Ok(()), _) if taken_back => Err(StoreError::too_late()),
             (Ok(()), Some(result)) => result,
             (Ok(()), None) => Err(StoreError::Internal(anyhow::anyhow!("operation never ran"))),
         };
@@ -395,7 +424,12 @@ where
     }
 }
 
-fn run_jobs(mut conn: Connection, path: &Path, mut queue: mpsc::Receiver<Box<dyn Job>>) {
+fn run_jobs(
+    mut conn: Connection,
+    path: &Path,
+    mut queue: mpsc::Receiver<Box<dyn Job>>,
+    changes: &Changes,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut last_reopen = std::time::Instant::now();
     while let Some(first) = queue.blocking_recv() {
@@ -416,12 +450,12 @@ fn run_jobs(mut conn: Connection, path: &Path, mut queue: mpsc::Receiver<Box<dyn
                 Err(_) => break,
             }
         }
-        run_batch(&mut conn, &mut batch);
+        run_batch(&mut conn, &mut batch, changes);
     }
     tracing::debug!("SQLite thread stopping: every store handle is gone");
 }
 
-fn run_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Job>>) {
+fn run_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Job>>, changes: &Changes) {
     // Each job checks whether it was abandoned when its turn comes, inside the transaction:
     // taking the write lock may itself have waited for another process.
     let committed = (|| {
@@ -436,8 +470,63 @@ fn run_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Job>>) {
     if let Err(e) = &committed {
         tracing::warn!(error = %e, jobs = batch.len(), "SQLite batch failed");
     }
-    for job in batch.drain(..) {
-        job.finish(committed.as_ref().map(|_| ()));
+    let taken_back = match committed {
+        Ok(()) => take_back_the_late(conn, batch, changes),
+        Err(_) => vec![false; batch.len()],
+    };
+    for (job, taken_back) in batch.drain(..).zip(taken_back) {
+        job.finish(committed.as_ref().map(|_| ()), taken_back);
+    }
+}
+
+/// After a commit, takes back ([`undo`]) each lock write that was abandoned meanwhile (its
+/// requester was answered `503`, or went away), and every later write of the batch on the
+/// same resource, which may rest on it (a renewal of the lease it granted); an earlier one
+/// stays, and is what the undo restores. Says which jobs were taken back.
+fn take_back_the_late(
+    conn: &mut Connection,
+    batch: &mut [Box<dyn Job>],
+    changes: &Changes,
+) -> Vec<bool> {
+    let mut tainted: Vec<String> = Vec::new();
+    let mut writes = Vec::new();
+    let taken_back = batch
+        .iter_mut()
+        .map(|job| {
+            let undo = job.undo();
+            let late = !undo.is_empty()
+                && (job.abandoned()
+                    || undo
+                        .iter()
+                        .any(|w| tainted.iter().any(|r| r == w.resource())));
+            if late {
+                tainted.extend(undo.iter().map(|w| w.resource().to_owned()));
+                writes.extend(undo);
+            }
+            late
+        })
+        .collect();
+    if writes.is_empty() {
+        return taken_back;
+    }
+    writes.reverse();
+    match undo::take_back(conn, &writes) {
+        Ok(taken) => {
+            tracing::warn!(
+                writes = writes.len(),
+                taken,
+                "lock writes committed after their requesters were answered 503 (or went away) were taken back"
+            );
+            for write in &writes {
+                changes.changed(write.resource());
+            }
+            taken_back
+        }
+        Err(e) => {
+            // They stand: a requester still waiting is told what happened.
+            tracing::error!(error = %e, writes = writes.len(), "lock writes committed after their requesters were answered 503 could not be taken back: they stand until their leases expire");
+            vec![false; batch.len()]
+        }
     }
 }
 
@@ -502,6 +591,8 @@ fn lease(
 /// The row of a resource as the operations below need it.
 struct Row {
     owner: String,
+    /// The name of the token the lease was taken with, if the server checks tokens.
+    token: Option<String>,
     fence: Fence,
     acquired_at: i64,
     expires_at: DateTime<Utc>,
@@ -522,33 +613,47 @@ impl Row {
 fn current(conn: &Connection, resource: &ResourceName) -> Result<Option<Row>> {
     let raw = conn
         .prepare_cached(
-            "SELECT owner, fence, acquired_at, expires_at, lock_delay_ms
+            "SELECT owner, fence, acquired_at, expires_at, lock_delay_ms, token
              FROM leases WHERE resource = ?1",
         )
         .and_then(|mut s| {
             s.query_row([resource.as_str()], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
             })
             .optional()
         })
         .map_err(classify)?;
-    raw.map(|(owner, fence, acquired_at, expires_at, lock_delay_ms)| {
-        Ok(Row {
-            owner,
-            fence: stored_fence(fence)?,
-            acquired_at,
-            expires_at: timestamp(expires_at)?,
-            lock_delay: LockDelay::new(lock_delay_ms)
-                .map_err(|e| StoreError::corrupt("lock delay", e))?,
-        })
-    })
+    raw.map(
+        |(owner, fence, acquired_at, expires_at, lock_delay_ms, token)| {
+            Ok(Row {
+                owner,
+                token,
+                fence: stored_fence(fence)?,
+                acquired_at,
+                expires_at: timestamp(expires_at)?,
+                lock_delay: LockDelay::new(lock_delay_ms)
+                    .map_err(|e| StoreError::corrupt("lock delay", e))?,
+            })
+        },
+    )
     .transpose()
 }
 
 // The functions below run inside the batch transaction, which holds SQLite's write lock:
 // reading the row, deciding (`domain::decide`) and writing it is one atomic step.
 
-fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome> {
+fn acquire(
+    conn: &Connection,
+    req: &AcquireRequest,
+    undo: &mut Vec<Undo>,
+) -> Result<AcquireOutcome> {
     let now = now_ms();
     if let Some(TokenQuota {
         name,
@@ -631,6 +736,11 @@ fn acquire(conn: &Connection, req: &AcquireRequest) -> Result<AcquireOutcome> {
     if let Some(ticket) = req.ticket {
         dequeue(conn, ticket)?;
     }
+    undo.push(Undo::Grant {
+        resource: req.resource.as_str().to_owned(),
+        fence,
+        previous: row,
+    });
     let lease = lease(
         &req.resource,
         &req.owner,
@@ -750,7 +860,7 @@ fn changeable<R: HolderRefusal>(
     Ok(verdict.map(|()| row.expect("decide::holder refuses a missing row")))
 }
 
-fn renew(conn: &Connection, req: &RenewRequest) -> Result<RenewOutcome> {
+fn renew(conn: &Connection, req: &RenewRequest, undo: &mut Vec<Undo>) -> Result<RenewOutcome> {
     let now = now_ms();
     let row = match changeable(conn, &req.resource, &req.owner, req.fence, now)? {
         Ok(row) => row,
@@ -761,6 +871,12 @@ fn renew(conn: &Connection, req: &RenewRequest) -> Result<RenewOutcome> {
         .and_then(|mut s| s.execute(params![req.resource.as_str(), expires]))
         .map_err(classify)?;
     history::renewed(conn, row.fence, expires)?;
+    undo.push(Undo::Renewal {
+        resource: req.resource.as_str().to_owned(),
+        fence: row.fence.get(),
+        before: row.expires_at.timestamp_millis(),
+        after: expires,
+    });
     lease(
         &req.resource,
         &req.owner,
@@ -772,7 +888,11 @@ fn renew(conn: &Connection, req: &RenewRequest) -> Result<RenewOutcome> {
     .map(RenewOutcome::Renewed)
 }
 
-fn release(conn: &Connection, req: &ReleaseRequest) -> Result<ReleaseOutcome> {
+fn release(
+    conn: &Connection,
+    req: &ReleaseRequest,
+    undo: &mut Vec<Undo>,
+) -> Result<ReleaseOutcome> {
     let now = now_ms();
     let row = match changeable(conn, &req.resource, &req.owner, req.fence, now)? {
         Ok(row) => row,
@@ -782,11 +902,16 @@ fn release(conn: &Connection, req: &ReleaseRequest) -> Result<ReleaseOutcome> {
         .and_then(|mut s| s.execute([req.resource.as_str()]))
         .map_err(classify)?;
     history::ended(conn, row.fence, RecordedEnd::Released, now)?;
-    Ok(ReleaseOutcome::Released {
+    let released = ReleaseOutcome::Released {
         fence: row.fence,
         acquired_at: timestamp(row.acquired_at)?,
         released_at: timestamp(now)?,
-    })
+    };
+    undo.push(Undo::Release {
+        resource: req.resource.as_str().to_owned(),
+        previous: row,
+    });
+    Ok(released)
 }
 
 /// A lease inside its lock delay is kept whatever the grace: it still keeps other owners
@@ -867,7 +992,7 @@ impl LeaseStore for SqliteStore {
 
     async fn renew(&self, req: &RenewRequest, deadline: Deadline) -> Result<RenewOutcome> {
         let req = req.clone();
-        self.call(Some(deadline), move |conn| renew(conn, &req))
+        self.call_undoable(Some(deadline), move |conn, undo| renew(conn, &req, undo))
             .await
     }
 
@@ -1125,7 +1250,7 @@ mod tests {
                 wait: WaitFor::new(0, 1000).unwrap(),
                 ticket,
             };
-            acquire(&conn, &req).unwrap();
+            acquire(&conn, &req, &mut Vec::new()).unwrap();
         }
         let statement = conn.prepare_cached(WAITERS_AHEAD).unwrap();
         assert_eq!(

@@ -102,3 +102,136 @@ async fn refused_acquisitions_issue_no_fence(kind: StoreKind) {
 }
 
 contract!(refused_acquisitions_issue_no_fence);
+
+/// An ext4 file system on a loop device (`fsfreeze` needs a block device), unmounted when
+/// dropped.
+struct LoopDisk {
+    image: tempfile::TempDir,
+    mount: tempfile::TempDir,
+}
+
+impl LoopDisk {
+    fn mount() -> Self {
+        let image = tempfile::tempdir().unwrap();
+        let file = image.path().join("disk.img");
+        std::fs::File::create(&file)
+            .and_then(|f| f.set_len(64 << 20))
+            .unwrap();
+        run("mkfs.ext4", &["-q", "-F", file.to_str().unwrap()]);
+        let mount = tempfile::tempdir().unwrap();
+        let at = mount.path().to_str().unwrap();
+        run("mount", &["-o", "loop", file.to_str().unwrap(), at]);
+        Self { image, mount }
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.mount.path()
+    }
+
+    /// Freezes the file system: every write to it blocks in the kernel until the thaw, which
+    /// dropping the guard does (also when the test fails half-way).
+    fn freeze(&self) -> Frozen<'_> {
+        run("fsfreeze", &["--freeze", self.path().to_str().unwrap()]);
+        Frozen(self)
+    }
+}
+
+impl Drop for LoopDisk {
+    fn drop(&mut self) {
+        // Lazy: the server's SQLite thread may still hold the file for a moment.
+        let _ = std::process::Command::new("umount")
+            .args(["-l", self.path().to_str().unwrap()])
+            .status();
+        let _ = &self.image;
+    }
+}
+
+struct Frozen<'a>(&'a LoopDisk);
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        run("fsfreeze", &["--unfreeze", self.0.path().to_str().unwrap()]);
+    }
+}
+
+fn run(program: &str, args: &[&str]) {
+    let status = std::process::Command::new(program)
+        .args(args)
+        .status()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(status.success(), "{program} {args:?} failed");
+}
+
+/// A SQLite lock write whose commit a frozen file system (`fsfreeze`) holds up past its
+/// deadline is answered `503`; when the commit lands after the thaw, the write is taken back:
+/// a grant, a renewal and a release alike. The acquisitions race as in the reproduction (32
+/// at once); the one whose commit was under way, and none of the others, ends up durable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_writes_answered_503_on_a_frozen_disk_do_not_take_effect() {
+    let disk = LoopDisk::mount();
+    let mut settings = Settings::for_store(StoreConfig::Sqlite(disk.path().join("leases.db")));
+    settings.bind = "127.0.0.1:0".parse().unwrap();
+    settings.store_timeout = STORE_TIMEOUT;
+    let app = TestApp::spawn_with(TestDb::new(StoreKind::Sqlite).await, settings).await;
+    let renewed = app.acquire_ok("renewed", "a", 600).await;
+    let released = app.acquire_ok("released", "a", 600).await;
+    let shown = |resource: &'static str| {
+        let app = &app;
+        async move { app.inspect(resource).await.json::<Value>().await.unwrap() }
+    };
+    let (renewed_before, released_before) = (shown("renewed").await, shown("released").await);
+
+    let frozen = disk.freeze();
+    let resources: Vec<String> = (0..32).map(|i| format!("job:{i}")).collect();
+    let answers = futures_util::future::join_all(
+        resources
+            .iter()
+            .map(|resource| tokio::time::timeout(PATIENCE, app.acquire(resource, "a", TTL))),
+    )
+    .await;
+    for answer in answers {
+        let answer = answer.expect("answered while the disk is frozen");
+        assert_problem(answer, 503, "store-unavailable").await;
+    }
+    drop(frozen);
+    // Requests are served in queue order, and what a late commit wrote is taken back before
+    // the next batch: once this one is answered, the late one is dealt with.
+    app.acquire_ok("after:0", "b", TTL).await;
+    for resource in &resources {
+        assert_problem(app.inspect(resource).await, 404, "not-found").await;
+        let history: Value = app
+            .get(&format!("/locks/{resource}/history"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(history["leases"], json!([]), "{resource}: {history}");
+    }
+
+    let frozen = disk.freeze();
+    let renewal = json!({ "owner": "a", "ttl_seconds": 3000, "fence": fence(&renewed) });
+    let answer = tokio::time::timeout(PATIENCE, app.renew("renewed", renewal)).await;
+    assert_problem(answer.expect("answered"), 503, "store-unavailable").await;
+    drop(frozen);
+    app.acquire_ok("after:1", "b", TTL).await;
+    assert_same_lease(&renewed_before, &shown("renewed").await);
+
+    let frozen = disk.freeze();
+    let release = json!({ "owner": "a", "fence": fence(&released) });
+    let answer = tokio::time::timeout(PATIENCE, app.release("released", release)).await;
+    assert_problem(answer.expect("answered"), 503, "store-unavailable").await;
+    drop(frozen);
+    app.acquire_ok("after:2", "b", TTL).await;
+    assert_same_lease(&released_before, &shown("released").await);
+}
+
+/// How long a request may take while the disk is frozen: the store timeout and more.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+/// The lease inspected `before` is the one inspected `now`, unchanged: same owner, fence,
+/// start and expiry.
+fn assert_same_lease(before: &Value, now: &Value) {
+    for field in ["owner", "fence", "acquired_at", "expires_at"] {
+        assert_eq!(before[field], now[field], "{field}: {before} then {now}");
+    }
+}
