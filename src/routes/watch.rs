@@ -5,19 +5,22 @@
 //! Woken by the same announcements as waiting acquisitions (the store's
 //! [`crate::wake::Changes`]); an expiry is announced by nobody, so the watch arms a timer on
 //! the lease's `expires_at` by the store's clock. While nothing changes it costs no store
-//! read beyond one at the expiry.
+//! read beyond one at the expiry, and the watches of a resource woken together share one
+//! read ([`crate::wake::Changes::look`]).
 
 use std::time::{Duration, Instant};
 
-use actix_web::HttpResponse;
+use actix_web::{HttpResponse, web};
+use futures_util::FutureExt as _;
 use serde::Serialize;
 
+use super::AppState;
 use super::locks::LockRead;
 use super::parse::WatchRequest;
 use super::view::{self, LockView};
 use super::wire;
-use crate::wake::{Registration, Watching};
-use fencelock::domain::time_left_ms;
+use crate::wake::{Need, Registration, Watching};
+use fencelock::domain::{Lease, ResourceName, time_left_ms};
 use fencelock::http::ApiError;
 
 /// Added to the lease's time left before looking again: the store's clock reading and ours
@@ -68,23 +71,25 @@ pub(super) async fn watch(
         },
     };
     let _registration = watching.registration;
-    let mut first = Some(watching.lease);
+    let mut first = Some((watching.lease, Instant::now()));
+    // What the next look must account for beyond the announcements seen: the moment the
+    // watch was woken for (a lease's expiry), or nothing later than the last look.
+    let mut after = Instant::now();
     loop {
-        let lease = match first.take() {
-            Some(lease) => lease,
+        let (lease, looked_at) = match first.take() {
+            Some(first) => first,
             None => {
-                changes.mark_seen();
-                state.ask(state.store.inspect(&resource)).await?.live()
+                let seen = changes.mark_seen();
+                look(&state, &resource, Need { seen, after }).await?
             }
         };
         let watched = query
             .fence
             .filter(|fence| lease.as_ref().is_some_and(|l| l.fence == *fence));
-        let now = Instant::now();
         let done = match (query.fence, watched) {
             (None, _) => Some(false),
             (Some(_), None) => Some(true),
-            (Some(_), Some(_)) if now >= until => Some(false),
+            (Some(_), Some(_)) if Instant::now() >= until => Some(false),
             (Some(_), Some(_)) => None,
         };
         if let Some(changed) = done {
@@ -97,9 +102,35 @@ pub(super) async fn watch(
             .as_ref()
             .map_or(0, |l| time_left_ms(l.expires_at, l.observed_at));
         let expiry = Duration::from_millis(u64::try_from(left).unwrap_or(0)) + EXPIRY_SLACK;
-        tokio::select! {
-            () = changes.changed() => {}
-            () = tokio::time::sleep(expiry.min(until - now)) => {}
+        let wake_at = (looked_at + expiry).min(until);
+        after = tokio::select! {
+            () = changes.changed() => looked_at,
+            () = tokio::time::sleep_until(wake_at.into()) => wake_at,
+        };
+    }
+}
+
+/// The live lease and when it was read, by a look the resource's other watches share (a
+/// release wakes them all at once): one read of the store for all of them. A look that
+/// failed is made again here, so that its error is this watch's answer.
+async fn look(
+    state: &web::Data<AppState>,
+    resource: &ResourceName,
+    need: Need,
+) -> Result<(Option<Lease>, Instant), ApiError> {
+    let shared = state.store.changes().look(resource.as_str(), need, || {
+        let (state, resource) = (state.clone(), resource.clone());
+        async move {
+            let inspection = state.ask(state.store.inspect(&resource)).await;
+            inspection.ok().map(|i| (i.live(), Instant::now()))
         }
+        .boxed()
+    });
+    match shared.await {
+        Some(answer) => Ok(answer),
+        None => Ok((
+            state.ask(state.store.inspect(resource)).await?.live(),
+            Instant::now(),
+        )),
     }
 }

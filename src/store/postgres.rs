@@ -229,6 +229,62 @@ pub(crate) struct PgStore {
     changes: Arc<Changes>,
     /// The LISTEN session, once [`PgStore::listen`] started it; it ends with the store.
     listener: std::sync::Mutex<Option<listen::Listener>>,
+    unwatches: Arc<Unwatches>,
+}
+
+/// The registrations of ended watches, deleted in the background: a watch's answer does not
+/// wait for it, and a registration left behind costs only announcements until the purge
+/// takes it. Deleted together, one statement at a time: a release ends every watch of its
+/// resource at once, and a statement per watch would queue thousands of them beside the
+/// answers.
+#[derive(Default)]
+struct Unwatches {
+    /// The ids to delete, and whether a deletion is under way (it takes them when it ends).
+    pending: std::sync::Mutex<(Vec<i64>, bool)>,
+}
+
+impl Unwatches {
+    fn end(self: &Arc<Self>, db: &Arc<Db>, id: i64) {
+        let mut pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        pending.0.push(id);
+        if pending.1 {
+            return;
+        }
+        // Outside a runtime (a shutdown) the id waits for the next deletion, or the purge.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        pending.1 = true;
+        let (unwatches, db) = (self.clone(), db.clone());
+        runtime.spawn(async move { unwatches.delete(&db).await });
+    }
+
+    async fn delete(&self, db: &Db) {
+        loop {
+            let ids = {
+                let mut pending = self
+                    .pending
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if pending.0.is_empty() {
+                    pending.1 = false;
+                    return;
+                }
+                std::mem::take(&mut pending.0)
+            };
+            let deleted = async {
+                let client = db.client().await?;
+                let statement = client.prepare_cached(UNWATCH).await.map_err(classify)?;
+                client.execute(&statement, &[&ids]).await.map_err(classify)
+            };
+            if let Err(e) = deleted.await {
+                tracing::debug!(error = %e, watches = ids.len(), "ended watches' registrations are left to the purge");
+            }
+        }
+    }
 }
 
 /// The pool and what every statement needs: shared by the store's requests and its
@@ -277,6 +333,7 @@ impl PgStore {
             batch_metrics,
             changes: Changes::new(),
             listener: std::sync::Mutex::new(None),
+            unwatches: Arc::default(),
         })
     }
 
@@ -559,7 +616,7 @@ FROM watch LEFT JOIN LATERAL (
     SELECT * FROM leases l WHERE l.resource = $1 AND l.expires_at > now() FOR SHARE
 ) l ON true";
 
-const UNWATCH: &str = "DELETE FROM lease_watchers WHERE id = $1";
+const UNWATCH: &str = "DELETE FROM lease_watchers WHERE id = ANY($1)";
 
 /// Its trigger announces the change, so the next waiter looks again. Returns the grant a
 /// release wrote into the ticket if it still stands, now the waiter's for good (migrations
@@ -838,24 +895,8 @@ impl LeaseStore for PgStore {
             .await?
             .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("no watch was registered")))?;
         let id: i64 = row.get(5);
-        let db = self.db.clone();
-        // Deleted in the background: the watch's answer does not wait for it, and a
-        // registration left behind costs only announcements until the purge takes it.
-        let registration = Registration::new(move || {
-            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                return;
-            };
-            runtime.spawn(async move {
-                let deleted = async {
-                    let client = db.client().await?;
-                    let statement = client.prepare_cached(UNWATCH).await.map_err(classify)?;
-                    client.execute(&statement, &[&id]).await.map_err(classify)
-                };
-                if let Err(e) = deleted.await {
-                    tracing::debug!(error = %e, "a watch's registration is left to the purge");
-                }
-            });
-        });
+        let (unwatches, db) = (self.unwatches.clone(), self.db.clone());
+        let registration = Registration::new(move || unwatches.end(&db, id));
         // No live lease: the joined columns are NULL.
         let lease = row
             .get::<_, Option<&str>>(0)

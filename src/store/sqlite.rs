@@ -38,7 +38,7 @@ mod embedded {
 mod poll;
 mod undo;
 
-use undo::Undo;
+use undo::{Journal, Undo};
 
 /// How long a transaction waits for another process's write lock before answering `503`.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -122,7 +122,7 @@ impl SqliteStore {
     async fn call_undoable<T, F>(&self, deadline: Option<Deadline>, op: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection, &mut Vec<Undo>) -> Result<T> + Send + 'static,
+        F: FnOnce(&Connection, &mut Journal) -> Result<T> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         let job = Box::new(Pending {
@@ -150,7 +150,7 @@ impl SqliteStore {
         resource: &ResourceName,
         deadline: Deadline,
         req: &R,
-        op: fn(&Connection, &R, &mut Vec<Undo>) -> Result<T>,
+        op: fn(&Connection, &R, &mut Journal) -> Result<T>,
         changed: fn(&T) -> bool,
     ) -> Result<T>
     where
@@ -158,7 +158,7 @@ impl SqliteStore {
         T: Send + 'static,
     {
         let req = req.clone();
-        let write = move |conn: &Connection, undo: &mut Vec<Undo>| op(conn, &req, undo);
+        let write = move |conn: &Connection, undo: &mut Journal| op(conn, &req, undo);
         let outcome = self.call_undoable(Some(deadline), write).await?;
         if changed(&outcome) {
             self.changes.changed(resource.as_str());
@@ -381,7 +381,7 @@ struct Pending<T, F> {
 impl<T, F> Job for Pending<T, F>
 where
     T: Send,
-    F: FnOnce(&Connection, &mut Vec<Undo>) -> Result<T> + Send,
+    F: FnOnce(&Connection, &mut Journal) -> Result<T> + Send,
 {
     fn abandoned(&self) -> bool {
         self.reply.is_closed() || self.deadline.is_some_and(Deadline::has_passed)
@@ -649,11 +649,7 @@ fn current(conn: &Connection, resource: &ResourceName) -> Result<Option<Row>> {
 // The functions below run inside the batch transaction, which holds SQLite's write lock:
 // reading the row, deciding (`domain::decide`) and writing it is one atomic step.
 
-fn acquire(
-    conn: &Connection,
-    req: &AcquireRequest,
-    undo: &mut Vec<Undo>,
-) -> Result<AcquireOutcome> {
+fn acquire(conn: &Connection, req: &AcquireRequest, undo: &mut Journal) -> Result<AcquireOutcome> {
     let now = now_ms();
     if let Some(TokenQuota {
         name,
@@ -860,7 +856,7 @@ fn changeable<R: HolderRefusal>(
     Ok(verdict.map(|()| row.expect("decide::holder refuses a missing row")))
 }
 
-fn renew(conn: &Connection, req: &RenewRequest, undo: &mut Vec<Undo>) -> Result<RenewOutcome> {
+fn renew(conn: &Connection, req: &RenewRequest, undo: &mut Journal) -> Result<RenewOutcome> {
     let now = now_ms();
     let row = match changeable(conn, &req.resource, &req.owner, req.fence, now)? {
         Ok(row) => row,
@@ -888,11 +884,7 @@ fn renew(conn: &Connection, req: &RenewRequest, undo: &mut Vec<Undo>) -> Result<
     .map(RenewOutcome::Renewed)
 }
 
-fn release(
-    conn: &Connection,
-    req: &ReleaseRequest,
-    undo: &mut Vec<Undo>,
-) -> Result<ReleaseOutcome> {
+fn release(conn: &Connection, req: &ReleaseRequest, undo: &mut Journal) -> Result<ReleaseOutcome> {
     let now = now_ms();
     let row = match changeable(conn, &req.resource, &req.owner, req.fence, now)? {
         Ok(row) => row,

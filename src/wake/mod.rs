@@ -16,6 +16,7 @@
 
 mod by_resource;
 mod lines;
+mod looks;
 mod seen;
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use tokio::sync::watch;
 use by_resource::ByResource;
 use fencelock::domain::ResourceName;
 pub(crate) use lines::{Handoff, Lines};
+pub(crate) use looks::{Answer, Look, Need};
 pub(crate) use seen::Seen;
 
 /// Who waits on which resource in this process.
@@ -44,6 +46,8 @@ struct Entry {
     /// How many changes were announced since the entry was made.
     wake: watch::Sender<u64>,
     subscribers: usize,
+    /// The newest look at the resource a subscriber made to share ([`Changes::look`]).
+    latest: Option<looks::Latest>,
 }
 
 impl Changes {
@@ -61,6 +65,7 @@ impl Changes {
             .or_insert_with(|| Entry {
                 wake: watch::Sender::new(0),
                 subscribers: 0,
+                latest: None,
             });
         entry.subscribers += 1;
         let wake = entry.wake.subscribe();
@@ -78,6 +83,28 @@ impl Changes {
         if let Some(entry) = self.resources.lock().get(resource) {
             entry.wake.send_modify(|count| *count += 1);
         }
+    }
+
+    /// A look at `resource` that accounts for `need`: the newest one made here if it does,
+    /// else the one `start` makes, which later subscribers may share in turn. Unshared
+    /// when nobody subscribes to the resource.
+    pub(crate) fn look(
+        &self,
+        resource: &str,
+        need: Need,
+        start: impl FnOnce() -> futures_util::future::BoxFuture<'static, Answer>,
+    ) -> Look {
+        let mut resources = self.resources.lock();
+        let Some(entry) = resources.get_mut(resource) else {
+            return looks::shared(start);
+        };
+        if let Some(look) = entry.latest.as_ref().and_then(|l| l.serving(need)) {
+            return look;
+        }
+        let started = std::time::Instant::now();
+        let look = looks::shared(start);
+        entry.latest = Some(looks::Latest::new(need, started, look.clone()));
+        look
     }
 
     /// Anything may have changed (announcements may have been lost): everyone looks again.

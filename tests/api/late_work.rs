@@ -12,7 +12,9 @@ use fencelock_testkit::Proxy;
 use futures_util::StreamExt as _;
 use serde_json::{Value, json};
 
-use crate::helpers::{StoreKind, TTL, TestApp, TestDb, assert_problem, fence, postgres_addr};
+use crate::helpers::{
+    StoreKind, TTL, TestApp, TestDb, assert_problem, client, fence, json_answer, postgres_addr,
+};
 
 const STORE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -199,12 +201,8 @@ async fn sqlite_writes_answered_503_on_a_frozen_disk_do_not_take_effect() {
     app.acquire_ok("after:0", "b", TTL).await;
     for resource in &resources {
         assert_problem(app.inspect(resource).await, 404, "not-found").await;
-        let history: Value = app
-            .get(&format!("/locks/{resource}/history"))
-            .await
-            .json()
-            .await
-            .unwrap();
+        let history = json_answer(client().get(app.url(&format!("/locks/{resource}/history"))));
+        let history = history.await;
         assert_eq!(history["leases"], json!([]), "{resource}: {history}");
     }
 

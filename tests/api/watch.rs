@@ -127,7 +127,46 @@ async fn watch_parameters_follow_the_input_rules(kind: StoreKind) {
     assert_invalid(response, &["resource", "fence"], "bad resource").await;
 }
 
+/// The watches of a resource that a release wakes share their look at the store: 200 of them
+/// all answer `changed: true`, and the store is read a few times for them, not 200 (a second
+/// announcement of the same release, from the database, may cost another look).
+async fn watches_woken_together_share_one_look(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let lock = app.acquire_ok("job", "a", TTL).await;
+    let query = format!("?fence={}&timeout_ms=60000", fence(&lock));
+    let client = reqwest::Client::new();
+    let url = app.url(&format!("/locks/job/watch{query}"));
+    let watches: Vec<_> = (0..200)
+        .map(|_| tokio::spawn(client.get(url.clone()).send()))
+        .collect();
+    // A watch's first look (which registers it) counts as an inspection.
+    crate::helpers::eventually(
+        "the watches never all looked",
+        Duration::from_secs(30),
+        async || inspections(&app).await >= 200.0,
+    )
+    .await;
+    let before = inspections(&app).await;
+    app.release_ok("job", json!({ "owner": "a", "fence": fence(&lock) }))
+        .await;
+    for watch in watches {
+        let answer: Value = watch.await.unwrap().unwrap().json().await.unwrap();
+        assert_eq!(answer, json!({ "changed": true, "lock": null }));
+    }
+    let looks = inspections(&app).await - before;
+    assert!(
+        looks <= 5.0,
+        "200 watches woken by one release read the store {looks} times"
+    );
+}
+
+async fn inspections(app: &TestApp) -> f64 {
+    let metrics = app.metrics().await;
+    metrics.value("fencelock_store_seconds_count", &[("op", "inspect")])
+}
+
 contract!(
+    watches_woken_together_share_one_look,
     a_watch_answers_at_once_unless_its_lease_is_live,
     a_watch_times_out_unchanged,
     a_watch_ends_with_a_release_elsewhere,

@@ -155,6 +155,10 @@ impl Server {
         self.process.peak_rss_kib()
     }
 
+    pub fn rss_kib(&self) -> anyhow::Result<u64> {
+        self.process.rss_kib()
+    }
+
     /// Fails if the server has died.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         if let Some(status) = self.process.exited() {

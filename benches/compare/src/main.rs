@@ -18,6 +18,7 @@
 //! (`--waiting`, `--floor`).
 
 mod bench;
+mod crowds;
 mod fencelock;
 mod floor;
 mod load;
@@ -112,6 +113,12 @@ struct Options {
     #[arg(long, conflicts_with = "floor")]
     waiting: bool,
 
+    /// Run only the crowds: 4000 watches of one resource answered after its release, and a
+    /// burst of 18,000 connections and the server's memory after it (`--only` picks one
+    /// store).
+    #[arg(long, conflicts_with_all = ["waiting", "floor"])]
+    crowds: bool,
+
     /// Run only the HTTP floor: the SQLite store's cycles against cycles of two `GET
     /// /healthz` (no store) on the same server and clients, at 1, 16 and 64 connections
     /// (`--seconds`, `--rounds` and `--quick` apply).
@@ -179,14 +186,11 @@ fn main() -> ExitCode {
     };
     if options.waiting {
         let seconds = if options.quick { 3 } else { options.seconds };
-        let uses = |block| options.only.is_none_or(|b| b == block);
-        let report = waiting::run(
-            seconds,
-            &databases,
-            &binary,
-            uses(Block::Postgres),
-            uses(Block::Sqlite),
-        );
+        let report = waiting::run(seconds, &databases, &binary, options.only);
+        return finish(run_to_end(runtime, &databases, report), print_report);
+    }
+    if options.crowds {
+        let report = crowds::run(&databases, &binary, options.only);
         return finish(run_to_end(runtime, &databases, report), print_report);
     }
     if options.floor {

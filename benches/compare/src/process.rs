@@ -95,12 +95,21 @@ impl Proc {
 
     /// The process's peak resident set size (`VmHWM`), in KiB.
     pub fn peak_rss_kib(&self) -> anyhow::Result<u64> {
+        self.status_kib("VmHWM")
+    }
+
+    /// The process's resident set size now (`VmRSS`), in KiB.
+    pub fn rss_kib(&self) -> anyhow::Result<u64> {
+        self.status_kib("VmRSS")
+    }
+
+    fn status_kib(&self, field: &str) -> anyhow::Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .context("no VmHWM in /proc/PID/status")
+            .with_context(|| format!("no {field} in /proc/PID/status"))
     }
 
     /// The last `lines` lines of the log, for an error message.

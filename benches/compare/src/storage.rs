@@ -8,6 +8,8 @@ use std::sync::Mutex;
 
 use anyhow::Context as _;
 
+use crate::plan::Block;
+
 /// The PostgreSQL databases this run created, dropped by [`Databases::drop_all`] at the end
 /// and, should that never be reached (a panic unwinding through `main`), by `Drop`.
 pub struct Databases {
@@ -140,6 +142,30 @@ pub fn url_for(admin_url: &str, name: &str) -> String {
         None => base,
     };
     format!("{server}/{name}{query}")
+}
+
+/// The stores a workload of its own (`--waiting`, `--crowds`) runs on, by name, and the
+/// temporary directory for its files: a database named after `workload`, and a SQLite file
+/// in the directory; `only` leaves one of them out.
+pub async fn stores_for(
+    workload: &str,
+    databases: &Databases,
+    only: Option<Block>,
+) -> anyhow::Result<(tempfile::TempDir, Vec<(&'static str, Store)>)> {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("fencelock-bench-{workload}-"))
+        .tempdir()?;
+    let uses = |block| only.is_none_or(|b| b == block);
+    let mut stores = Vec::new();
+    if uses(Block::Postgres) {
+        let name = format!("fencelock_bench_{}_{workload}", std::process::id());
+        let url = databases.create(&name).await?;
+        stores.push(("PostgreSQL", Store::Postgres { url }));
+    }
+    if uses(Block::Sqlite) {
+        stores.push(("SQLite", Store::sqlite(&dir.path().join("sqlite"))?));
+    }
+    Ok((dir, stores))
 }
 
 /// One lease store the server is run on.

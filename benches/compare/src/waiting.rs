@@ -14,7 +14,8 @@ use tokio::sync::Mutex;
 
 use crate::fencelock::Binary;
 use crate::load::http::HttpClient;
-use crate::storage::{Databases, Store};
+use crate::plan::Block;
+use crate::storage::{Databases, stores_for};
 
 pub const CLIENTS: u64 = 64;
 pub const RESOURCES: u64 = 10;
@@ -88,22 +89,9 @@ pub async fn run(
     seconds: u64,
     databases: &Databases,
     binary: &Binary,
-    postgres: bool,
-    sqlite: bool,
+    only: Option<Block>,
 ) -> anyhow::Result<String> {
-    let temp = tempfile::Builder::new()
-        .prefix("fencelock-bench-waiting-")
-        .tempdir()?;
-    let mut stores = Vec::new();
-    if postgres {
-        let url = databases
-            .create(&format!("fencelock_bench_{}_waiting", std::process::id()))
-            .await?;
-        stores.push(("PostgreSQL", Store::Postgres { url }));
-    }
-    if sqlite {
-        stores.push(("SQLite", Store::sqlite(&temp.path().join("sqlite"))?));
-    }
+    let (temp, stores) = stores_for("waiting", databases, only).await?;
     let mut report = format!(
         "waiting workload: {CLIENTS} clients, {RESOURCES} resources, each win held {} ms then released; {seconds} s per run\n\
          wait: acquire with wait_ms={WAIT_MS}; poll: acquire without it, {} ms pause after a refusal\n\

@@ -19,6 +19,9 @@ use rusqlite::{Connection, params};
 use super::{Row, classify};
 use crate::store::Result;
 
+/// What a job's lock writes note to take themselves back, newest last.
+pub(super) type Journal = Vec<Undo>;
+
 /// How to take back one lock write.
 pub(super) enum Undo {
     /// `fence` was granted on `resource`, over `previous` (the row it replaced, if any).

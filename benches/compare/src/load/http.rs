@@ -1,6 +1,8 @@
 //! fencelock's side of the load: one HTTP/1.1 keep-alive connection per client (hyper's
 //! client connection, no pool in between, so N clients are exactly N connections).
 
+use std::net::Ipv4Addr;
+
 use anyhow::{Context as _, bail, ensure};
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
@@ -8,7 +10,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use tokio::net::TcpSocket;
 use tokio::task::JoinHandle;
 
 use super::LockClient;
@@ -26,7 +28,15 @@ pub struct HttpClient {
 
 impl HttpClient {
     pub async fn connect(port: u16) -> anyhow::Result<Self> {
-        let stream = TcpStream::connect(("127.0.0.1", port)).await?;
+        Self::connect_from(port, Ipv4Addr::LOCALHOST).await
+    }
+
+    /// From the loopback address `source` (any of 127.0.0.0/8): a client of its own to the
+    /// server's per-peer connection cap.
+    pub async fn connect_from(port: u16, source: Ipv4Addr) -> anyhow::Result<Self> {
+        let socket = TcpSocket::new_v4()?;
+        socket.bind((source, 0).into())?;
+        let stream = socket.connect((Ipv4Addr::LOCALHOST, port).into()).await?;
         stream.set_nodelay(true)?;
         let (sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
         let driver = tokio::spawn(async move {
