@@ -238,26 +238,33 @@ pub(crate) struct PgStore {
 /// resource at once, and a statement per watch would queue thousands of them beside the
 /// answers.
 #[derive(Default)]
-struct Unwatches {
-    /// The ids to delete, and whether a deletion is under way (it takes them when it ends).
-    pending: std::sync::Mutex<(Vec<i64>, bool)>,
+struct Unwatches(std::sync::Mutex<PendingUnwatches>);
+
+#[derive(Default)]
+struct PendingUnwatches {
+    ids: Vec<i64>,
+    /// A deletion is under way: it takes the ids added meanwhile when its statement ends.
+    deleting: bool,
 }
 
 impl Unwatches {
-    fn end(self: &Arc<Self>, db: &Arc<Db>, id: i64) {
-        let mut pending = self
-            .pending
+    fn pending(&self) -> std::sync::MutexGuard<'_, PendingUnwatches> {
+        self.0
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        pending.0.push(id);
-        if pending.1 {
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn end(self: &Arc<Self>, db: &Arc<Db>, id: i64) {
+        let mut pending = self.pending();
+        pending.ids.push(id);
+        if pending.deleting {
             return;
         }
         // Outside a runtime (a shutdown) the id waits for the next deletion, or the purge.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        pending.1 = true;
+        pending.deleting = true;
         let (unwatches, db) = (self.clone(), db.clone());
         runtime.spawn(async move { unwatches.delete(&db).await });
     }
@@ -265,15 +272,12 @@ impl Unwatches {
     async fn delete(&self, db: &Db) {
         loop {
             let ids = {
-                let mut pending = self
-                    .pending
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if pending.0.is_empty() {
-                    pending.1 = false;
+                let mut pending = self.pending();
+                if pending.ids.is_empty() {
+                    pending.deleting = false;
                     return;
                 }
-                std::mem::take(&mut pending.0)
+                std::mem::take(&mut pending.ids)
             };
             let deleted = async {
                 let client = db.client().await?;

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use futures_util::future::{BoxFuture, FutureExt, Shared};
+use futures_util::future::{BoxFuture, Shared};
 
 use super::Seen;
 use fencelock::domain::Lease;
@@ -54,16 +54,13 @@ impl Latest {
     }
 }
 
-/// Makes the look `start` describes, to be shared.
-pub(super) fn shared(start: impl FnOnce() -> BoxFuture<'static, Answer>) -> Look {
-    start().shared()
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
+
+    use futures_util::FutureExt as _;
 
     use super::super::Changes;
     use super::super::tests::name;

@@ -21,6 +21,7 @@ mod seen;
 
 use std::sync::Arc;
 
+use futures_util::FutureExt as _;
 use tokio::sync::watch;
 
 use by_resource::ByResource;
@@ -96,13 +97,13 @@ impl Changes {
     ) -> Look {
         let mut resources = self.resources.lock();
         let Some(entry) = resources.get_mut(resource) else {
-            return looks::shared(start);
+            return start().shared();
         };
         if let Some(look) = entry.latest.as_ref().and_then(|l| l.serving(need)) {
             return look;
         }
         let started = std::time::Instant::now();
-        let look = looks::shared(start);
+        let look = start().shared();
         entry.latest = Some(looks::Latest::new(need, started, look.clone()));
         look
     }

@@ -109,37 +109,35 @@ fn undo(conn: &Connection, write: &Undo) -> rusqlite::Result<bool> {
             .execute(params![fence, before])?;
             Ok(true)
         }
-        Undo::Release { resource, previous } => {
-            let vacant = conn
-                .prepare_cached("SELECT NOT EXISTS (SELECT 1 FROM leases WHERE resource = ?1)")?
-                .query_row([resource], |r| r.get::<_, bool>(0))?;
-            if vacant {
-                restore(conn, resource, previous)?;
-            }
-            Ok(vacant)
-        }
+        Undo::Release { resource, previous } => restore(conn, resource, previous),
     }
 }
 
-/// Puts `row` back as the resource's lease, and its history back to no recorded end (the
-/// taken-back write recorded it, or the lease had none).
-fn restore(conn: &Connection, resource: &str, row: &Row) -> rusqlite::Result<()> {
-    conn.prepare_cached(
-        "INSERT INTO leases (resource, owner, fence, acquired_at, expires_at, token, lock_delay_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?
-    .execute(params![
-        resource,
-        row.owner,
-        row.fence.get(),
-        row.acquired_at,
-        row.expires_at.timestamp_millis(),
-        row.token,
-        row.lock_delay.millis(),
-    ])?;
+/// Puts `row` back as the resource's lease, unless another lease has taken its place since,
+/// and its history back to no recorded end (the taken-back write recorded it, or the lease
+/// had none). Says whether it did.
+fn restore(conn: &Connection, resource: &str, row: &Row) -> rusqlite::Result<bool> {
+    let restored = conn
+        .prepare_cached(
+            "INSERT INTO leases (resource, owner, fence, acquired_at, expires_at, token, lock_delay_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (resource) DO NOTHING",
+        )?
+        .execute(params![
+            resource,
+            row.owner,
+            row.fence.get(),
+            row.acquired_at,
+            row.expires_at.timestamp_millis(),
+            row.token,
+            row.lock_delay.millis(),
+        ])?;
+    if restored == 0 {
+        return Ok(false);
+    }
     conn.prepare_cached(
         "UPDATE lease_history SET end_kind = NULL, ended_at = NULL WHERE fence = ?1",
     )?
     .execute([row.fence.get()])?;
-    Ok(())
+    Ok(true)
 }
