@@ -101,10 +101,16 @@ async fn finished(child: Child) -> Output {
         .expect("waiting for fencelock lock")
 }
 
-/// Sends `signal` (as `kill` spells it) to the process `pid`.
-fn signal(pid: u32, signal: &str) {
+/// Sends `signal` (as `kill` spells it) to the process `pid`, or to the process group it
+/// leads when `group`.
+fn signal(pid: u32, signal: &str, group: bool) {
+    let target = if group {
+        format!("-{pid}")
+    } else {
+        pid.to_string()
+    };
     let status = std::process::Command::new("kill")
-        .args([signal, &pid.to_string()])
+        .args([signal, "--", &target])
         .status()
         .expect("kill");
     assert!(status.success());
@@ -208,7 +214,7 @@ async fn signals_reach_the_command() {
         let marker = dir.path().join(name);
         let script = format!("trap 'echo {name} > {name}; exit 3' {name}; echo ready; {UNTIL_GO}");
         let child = started(dir.path(), &app.address, &[], &script).await;
-        signal(child.id().unwrap(), &format!("-{name}"));
+        signal(child.id().unwrap(), &format!("-{name}"), false);
         let output = finished(child).await;
         assert_eq!(output.status.code(), Some(3), "{name}: {output:?}");
         let written = std::fs::read_to_string(&marker).unwrap_or_default();
@@ -449,7 +455,7 @@ async fn killing_fencelock_lock_kills_its_command() {
     let script = format!("{WITH_CHILDREN}; {UNTIL_GO}");
     let mut child = started(dir.path(), &app.address, &[], &script).await;
     let pids = recorded_pids(dir.path(), 3);
-    signal(child.id().unwrap(), "-KILL");
+    signal(child.id().unwrap(), "-KILL", false);
     let _ = child.wait().await;
     assert_all_end(&pids, "after fencelock lock was killed").await;
 }
@@ -482,7 +488,7 @@ async fn signals_reach_the_whole_group() {
     let script = format!("sleep 301 & echo $! > pids; echo $$ >> pids; echo ready; {UNTIL_GO}");
     let child = started(dir.path(), &app.address, &[], &script).await;
     let pids = recorded_pids(dir.path(), 2);
-    signal(child.id().unwrap(), "-TERM");
+    signal(child.id().unwrap(), "-TERM", false);
     let output = finished(child).await;
     assert_none_runs(&pids, "after SIGTERM");
     assert_eq!(output.status.code(), Some(143), "{output:?}");
@@ -638,29 +644,40 @@ async fn assert_becomes_stopped(pid: i32, stopped: bool, context: &str) {
     while is() != stopped && start.elapsed() < PATIENCE {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(is(), stopped, "{context}: process {pid}");
+    assert_eq!(
+        is(),
+        stopped,
+        "{context}: process {pid}, state {:?}",
+        stat(pid).map(|fields| fields[0].clone())
+    );
 }
 
 /// A Ctrl-Z (SIGTSTP) stops CMD's group and `fencelock lock` together, as a shell stops a
 /// job (CMD must not run on while nothing renews its lease); SIGCONT, as `fg` sends it,
-/// continues both.
+/// continues both. `fencelock lock` runs as a shell runs a job: in a process group of its
+/// own, which the terminal's Ctrl-Z and the shell's `fg` signal as a whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_z_stops_the_command_with_fencelock_lock() {
     let app = TestApp::spawn(StoreKind::Sqlite).await;
     let dir = tempfile::tempdir().unwrap();
     let script = format!("echo $$ > pids; echo ready; {UNTIL_GO}");
-    let child = started(dir.path(), &app.address, &[], &script).await;
+    let mut command = lock(dir.path(), &app.address, "job:1", &[], &script);
+    command.process_group(0);
+    let mut child = command.spawn().unwrap();
+    assert_eq!(line(&mut child).await, "ready");
     let cmd = recorded_pids(dir.path(), 1)[0];
-    let own = child.id().unwrap();
-    signal(own, "-TSTP");
-    let own = i32::try_from(own).unwrap();
+    let job = child.id().unwrap();
+    signal(job, "-TSTP", true);
+    let own = i32::try_from(job).unwrap();
     assert_becomes_stopped(cmd, true, "CMD after SIGTSTP").await;
     assert_becomes_stopped(own, true, "fencelock lock after SIGTSTP").await;
-    signal(u32::try_from(own).unwrap(), "-CONT");
+    signal(job, "-CONT", true);
     assert_becomes_stopped(own, false, "fencelock lock after SIGCONT").await;
     assert_becomes_stopped(cmd, false, "CMD after SIGCONT").await;
     std::fs::write(dir.path().join("go"), "").unwrap();
     let output = finished(child).await;
     assert_eq!(output.status.code(), Some(0), "{output:?}");
+    // Nothing to say: a lease that was not released, say, would be said here.
+    assert!(output.stderr.is_empty(), "{output:?}");
     assert_released(&app, "job:1").await;
 }
