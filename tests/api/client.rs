@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use fencelock::client::{Client, Error, Lease, LossReason, RetryPolicy};
 use fencelock_server::Settings;
 use fencelock_server::StoreConfig;
-use fencelock_testkit::{closed_port, eventually};
+use fencelock_testkit::{Proxy, closed_port, eventually};
 
 use crate::helpers::{StoreKind, TestApp, TestDb};
 
@@ -382,6 +382,69 @@ async fn release_and_drop_free_the_resource() {
         client.inspect("job:2").await.expect("inspect").is_none()
     })
     .await;
+}
+
+/// A server on SQLite, a client that reaches it through a [`Proxy`], and a lease on `job:1`
+/// taken through it.
+async fn leased_behind_a_proxy() -> (TestApp, Proxy, Client, Lease) {
+    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    let proxy = Proxy::start(app.socket_address());
+    let client = client_at(&format!("http://{}", proxy.addr()));
+    let lease = client.lease("job:1", LONG).await.expect("leased");
+    (app, proxy, client, lease)
+}
+
+/// How long a release that meets an outage is watched to go on trying: without retries it
+/// would have failed at once (a refused connection takes microseconds).
+const STILL_TRYING: Duration = Duration::from_millis(500);
+
+/// A release that cannot reach the server is retried while the lease lasts: the next holder
+/// need not wait out the TTL for one lost connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_is_retried_through_an_outage() {
+    let (app, proxy, _client, lease) = leased_behind_a_proxy().await;
+    proxy.cut();
+    let mut release = tokio::spawn(lease.release());
+    let early = tokio::time::timeout(STILL_TRYING, &mut release).await;
+    assert!(early.is_err(), "the release gave up at once: {early:?}");
+    proxy.thaw();
+    let released = tokio::time::timeout(PATIENCE, release)
+        .await
+        .expect("released once the server is back")
+        .expect("the release task");
+    released.expect("released");
+    assert_eq!(client(&app).inspect("job:1").await.expect("inspect"), None);
+}
+
+/// A retried release that finds the lease gone (`404`) has done its job: an earlier attempt
+/// whose answer was lost may have released it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_release_that_finds_the_lease_gone_succeeds() {
+    let (app, proxy, _client, lease) = leased_behind_a_proxy().await;
+    proxy.cut();
+    let mut release = tokio::spawn(lease.release());
+    let early = tokio::time::timeout(STILL_TRYING, &mut release).await;
+    assert!(early.is_err(), "the release gave up at once: {early:?}");
+    app.db
+        .execute("DELETE FROM leases WHERE resource = 'job:1'")
+        .await;
+    proxy.thaw();
+    let released = tokio::time::timeout(PATIENCE, release)
+        .await
+        .expect("answered once the server is back")
+        .expect("the release task");
+    released.expect("a lease found gone counts as released");
+}
+
+/// A release is tried once when its first attempt is refused: `404` then means the lease
+/// was lost, which the caller must hear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_refused_at_once_is_reported() {
+    let (app, _client, lease) = sqlite_app_leased(LONG).await;
+    app.db
+        .execute("DELETE FROM leases WHERE resource = 'job:1'")
+        .await;
+    assert_eq!(loss(lease.release().await), LossReason::NotFound);
 }
 
 /// `lease_with_retry` waits for a `Lease` of another worker to be released, and gets a

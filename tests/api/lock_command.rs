@@ -127,11 +127,9 @@ async fn assert_refused(mut command: Command, status: i32, context: &str) -> Str
 
 async fn assert_released(app: &TestApp, resource: &str) {
     let response = app.inspect(resource).await;
-    assert_eq!(
-        response.status(),
-        404,
-        "the lease on {resource} is still live"
-    );
+    let status = response.status();
+    let body = response.text().await.unwrap_or_default();
+    assert_eq!(status, 404, "the lease on {resource} is still live: {body}");
 }
 
 /// CMD sees the fence of a live lease; a second `fencelock lock` meanwhile is refused with

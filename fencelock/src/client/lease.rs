@@ -69,6 +69,14 @@ impl State {
         }
     }
 
+    /// The safe deadline while held; for a lost lease, now (nothing is left of it).
+    fn safe_until(&self) -> Instant {
+        match self {
+            Self::Held { safe_until } => *safe_until,
+            Self::Lost(_) => Instant::now(),
+        }
+    }
+
     fn loss(&self) -> Option<LossReason> {
         match self {
             Self::Held { .. } => None,
@@ -274,11 +282,14 @@ impl Lease {
 
     /// Stops renewing and releases the lease with its fence (so it can never free a newer
     /// lease). The renewal task is stopped and awaited first, so no renewal is in flight
-    /// behind the release. Watchers then see [`LossReason::Released`] (unless the lease was
-    /// lost before).
+    /// behind the release. An outage is retried, with backoff, for a few seconds while the
+    /// lease is still held (so that the next holder need not wait out the TTL for one lost
+    /// connection or one `503`). Watchers then see [`LossReason::Released`] (unless the lease was lost
+    /// before).
     ///
     /// [`Error::LeaseLost`] if the lease was already gone; [`Error::Unavailable`] if the
-    /// server could not be asked (the lease then expires by itself at the end of its TTL).
+    /// server could not be asked before the lease's safe deadline (the lease then expires
+    /// by itself at the end of its TTL).
     pub async fn release(self) -> Result<(), Error> {
         let Self {
             client,
@@ -295,7 +306,8 @@ impl Lease {
         if let Err(e) = task.await {
             tracing::warn!(resource, fence, error = %e, "lease renewal task failed");
         }
-        let released = client.release(&resource, owner.expose(), Some(fence)).await;
+        let until = state.borrow().safe_until();
+        let released = give_back(&client, &resource, &owner, fence, until).await;
         state.send_if_modified(|s| match s {
             State::Held { .. } => {
                 *s = State::Lost(LossReason::Released);
@@ -392,8 +404,8 @@ impl Renewer {
             }
             End::Stopped => {}
             End::Dropped => {
-                self.state.send_replace(State::Lost(LossReason::Dropped));
-                self.release_dropped().await;
+                let until = self.state.send_replace(State::Lost(LossReason::Dropped));
+                self.release_dropped(until.safe_until()).await;
             }
         }
     }
@@ -461,12 +473,11 @@ impl Renewer {
         term
     }
 
-    /// Releases the lease of a dropped handle, once. Failing is harmless: it expires.
-    async fn release_dropped(&self) {
-        let released = self
-            .client
-            .release(&self.resource, self.owner.expose(), Some(self.fence))
-            .await;
+    /// Releases the lease of a dropped handle (retrying outages until `until`, its safe
+    /// deadline). Failing is harmless: it expires.
+    async fn release_dropped(&self, until: Instant) {
+        let released =
+            give_back(&self.client, &self.resource, &self.owner, self.fence, until).await;
         match released {
             Ok(()) => {
                 tracing::debug!(resource = %self.resource, fence = self.fence, "dropped lease released")
@@ -474,6 +485,52 @@ impl Renewer {
             Err(error) => tracing::debug!(resource = %self.resource, fence = self.fence, %error,
                 "dropped lease not released; it expires by itself"),
         }
+    }
+}
+
+/// The longest pause between two attempts of a release.
+const MAX_RELEASE_PAUSE: Duration = Duration::from_secs(1);
+
+/// How long after its first attempt a release may start another: a worker that has finished
+/// must not hang on an unreachable server for the rest of a long TTL.
+const RELEASE_RETRIES_FOR: Duration = Duration::from_secs(5);
+
+/// Releases the lease `fence` of `owner` on `resource`, retrying an outage
+/// ([`Error::Unavailable`]) with backoff as long as the next attempt would start within
+/// [`RELEASE_RETRIES_FOR`] and before `until`, the lease's safe deadline (after it, the lease
+/// may be expiring anyway).
+///
+/// Retrying is safe because the release names its fence: it can only ever free this lease.
+/// An attempt that failed with an outage may still have released it (its answer was lost on
+/// the way back); a later `404` then means the lease is gone, which is what the release was
+/// for, and counts as released.
+async fn give_back(
+    client: &Client,
+    resource: &str,
+    owner: &OwnerSecret,
+    fence: i64,
+    until: Instant,
+) -> Result<(), Error> {
+    let until = until.min(Instant::now() + RELEASE_RETRIES_FOR);
+    let mut failures = 0u32;
+    loop {
+        let error = match client.release(resource, owner.expose(), Some(fence)).await {
+            Err(Error::LeaseLost {
+                reason: LossReason::NotFound,
+            }) if failures > 0 => return Ok(()),
+            Err(error @ Error::Unavailable(_)) => error,
+            done => return done,
+        };
+        failures = failures.saturating_add(1);
+        let ceiling = FIRST_RETRY
+            .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(31)))
+            .min(MAX_RELEASE_PAUSE);
+        let next = Instant::now() + jitter(ceiling / 2, ceiling);
+        if next >= until {
+            return Err(error);
+        }
+        tracing::debug!(resource, fence, failures, %error, "lease release failed; retrying");
+        sleep_until(next).await;
     }
 }
 
