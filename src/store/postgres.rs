@@ -234,11 +234,17 @@ pub(crate) struct PgStore {
 
 /// The registrations of ended watches, deleted in the background: a watch's answer does not
 /// wait for it, and a registration left behind costs only announcements until the purge
-/// takes it. Deleted together, one statement at a time: a release ends every watch of its
-/// resource at once, and a statement per watch would queue thousands of them beside the
-/// answers.
+/// takes it. Deleted together, one statement at a time, starting [`UNWATCH_LINGER`] after
+/// the first ended watch: a release ends every watch of its resource at once, and
+/// statements run while the answers go out would take the database's share of the cores
+/// from them (and a statement per watch would queue thousands of them).
 #[derive(Default)]
 struct Unwatches(std::sync::Mutex<PendingUnwatches>);
+
+/// How long the ended watches' registrations wait to be deleted together: longer than a
+/// release's fan-out to its watches takes (API.md, *Watch*: within 100 ms), short enough that
+/// few announcements go to registrations that are no longer needed.
+const UNWATCH_LINGER: Duration = Duration::from_millis(200);
 
 #[derive(Default)]
 struct PendingUnwatches {
@@ -270,6 +276,7 @@ impl Unwatches {
     }
 
     async fn delete(&self, db: &Db) {
+        tokio::time::sleep(UNWATCH_LINGER).await;
         loop {
             let ids = {
                 let mut pending = self.pending();
