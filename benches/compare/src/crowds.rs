@@ -3,7 +3,10 @@
 //! - **Watches:** `WATCHES` watches of one resource, on connections of their own; the holder
 //!   releases, and each watch's answer is timed from the release request. Bound: API.md
 //!   *Watch*, "within 100 ms of the change", for the p99. Also the server's CPU from the
-//!   release to the last answer, per answer: what one woken watch costs.
+//!   release to the last answer, per answer: what one woken watch costs. Twice: with the
+//!   watchers keeping their connections (as clients that watch again or acquire next do),
+//!   and closing them as soon as answered (as one-shot commands do), whose closes share the
+//!   cores with the answers still to come.
 //! - **A connection burst:** `BURST` connections from 8 loopback addresses (a client each to
 //!   the per-peer cap), each answered once, then all closed. The server's RSS before, at the
 //!   peak, and `SETTLE` after the close. Bound: 50 MB after the close, the bound of the
@@ -32,40 +35,75 @@ const SOURCES: u8 = 8;
 /// How long after the burst closes its RSS is read: twice jemalloc's decay time.
 const SETTLE: Duration = Duration::from_secs(20);
 
+/// What a watcher does with its connection once answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Afterwards {
+    /// Keeps it, as a watcher that watches again or goes on to acquire does (a client's
+    /// pool): the connections close after the last answer.
+    Keeps,
+    /// Closes it at once, as a one-shot command does: the closes of the first answered
+    /// compete with the answers still to come, on the same cores.
+    Closes,
+}
+
+impl Afterwards {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Keeps => "kept",
+            Self::Closes => "closed at once",
+        }
+    }
+}
+
 /// Runs both measurements on each store and returns the report.
 pub async fn run(databases: &Databases, binary: &Binary, only: Option<Block>) -> Result<String> {
     let (temp, stores) = stores_for("crowds", databases, only).await?;
-    let mut report = format!(
-        "crowds: {WATCHES} watches of one resource, answered after its release (from the release request;\n\
-         bound: p99 <= 100 ms, API.md Watch); a burst of {BURST} connections from {SOURCES} loopback addresses,\n\
-         each answered once, then closed (bound: RSS <= 50 MB {} s after the close)\n\n\
-         store        watch p50 ms  watch p99 ms  watch max ms    p99 ok  server us    RSS before    RSS peak RSS after (ok)\n",
-        SETTLE.as_secs(),
-    );
+    let mut watch_rows = String::new();
+    let mut burst_rows = String::new();
     for (name, store) in &stores {
         let log = temp.path().join(format!("{name}.log"));
         binary.migrate(store, &log).await?;
         store.reset().await?;
         let server = binary.serve(store, &log).await?;
-        eprintln!("crowds: {name}, {WATCHES} watches");
-        let watches = watches(server.port, server.pid()).await;
+        for afterwards in [Afterwards::Keeps, Afterwards::Closes] {
+            eprintln!(
+                "crowds: {name}, {WATCHES} watches, connections {}",
+                afterwards.name()
+            );
+            let watches = watches(server.port, server.pid(), afterwards).await;
+            let watches = match watches {
+                Ok(watches) => watches,
+                Err(e) => {
+                    let _ = server.stop().await;
+                    return Err(e);
+                }
+            };
+            let _ = writeln!(
+                watch_rows,
+                "{name:<11} {:<15} {:>13.1} {:>13.1} {:>13.1} {:>9} {:>10.1}",
+                afterwards.name(),
+                watches.latency.p50_ms,
+                watches.latency.p99_ms,
+                watches.max_ms,
+                if watches.latency.p99_ms <= 100.0 {
+                    "yes"
+                } else {
+                    "NO"
+                },
+                watches.server_us,
+            );
+        }
+        server.stop().await?;
+        // On a server of its own: what comes back after the burst is the burst's alone.
+        let server = binary.serve(store, &log).await?;
         eprintln!("crowds: {name}, a burst of {BURST} connections");
         let burst = burst(&server).await;
         server.stop().await?;
-        let (watches, burst) = (watches?, burst?);
+        let burst = burst?;
         let mb = |kib: u64| format!("{:.1} MB", kib as f64 / 1024.0);
         let _ = writeln!(
-            report,
-            "{name:<11} {:>13.1} {:>13.1} {:>13.1} {:>9} {:>10.1}   {:>11} {:>11} {:>9} ({})",
-            watches.latency.p50_ms,
-            watches.latency.p99_ms,
-            watches.max_ms,
-            if watches.latency.p99_ms <= 100.0 {
-                "yes"
-            } else {
-                "NO"
-            },
-            watches.server_us,
+            burst_rows,
+            "{name:<11} {:>11} {:>11} {:>11} ({})",
             mb(burst.before_kib),
             mb(burst.peak_kib),
             mb(burst.after_kib),
@@ -76,7 +114,19 @@ pub async fn run(databases: &Databases, binary: &Binary, only: Option<Block>) ->
             },
         );
     }
-    Ok(report)
+    Ok(format!(
+        "crowds: {WATCHES} watches of one resource, answered after its release (from the release request;\n\
+         bound: p99 <= 100 ms, API.md Watch), the watchers' connections kept until the last answer, then\n\
+         closed at once by each watcher answered; server us: the server's CPU from the release to the last\n\
+         answer, per answer\n\n\
+         store       connections     watch p50 ms  watch p99 ms  watch max ms    p99 ok  server us\n\
+         {watch_rows}\n\
+         a burst of {BURST} connections from {SOURCES} loopback addresses, each answered once, then closed\n\
+         (bound: RSS <= 50 MB {} s after the close)\n\n\
+         store        RSS before    RSS peak   RSS after (ok)\n\
+         {burst_rows}",
+        SETTLE.as_secs(),
+    ))
 }
 
 struct Watches {
@@ -88,7 +138,7 @@ struct Watches {
 
 /// `WATCHES` watches of `crowd`, its release, and how long after the release request each
 /// watch answered.
-async fn watches(port: u16, pid: u32) -> Result<Watches> {
+async fn watches(port: u16, pid: u32, afterwards: Afterwards) -> Result<Watches> {
     let mut control = HttpClient::connect(port).await?;
     let (status, body) = control
         .send(
@@ -116,7 +166,8 @@ async fn watches(port: u16, pid: u32) -> Result<Watches> {
             ensure!(status == StatusCode::OK, "watch answered {status}");
             let answer: serde_json::Value = serde_json::from_slice(&body)?;
             ensure!(answer["changed"] == true, "watch answered {answer}");
-            anyhow::Ok(answered)
+            let kept = (afterwards == Afterwards::Keeps).then_some(client);
+            anyhow::Ok((answered, kept))
         });
     }
     // Each watch's first look registers it, and counts as an inspection.
@@ -143,11 +194,15 @@ async fn watches(port: u16, pid: u32) -> Result<Watches> {
         "release answered {status}"
     );
     let mut after_us = Vec::with_capacity(WATCHES);
+    let mut kept = Vec::with_capacity(WATCHES);
     while let Some(answered) = set.join_next().await {
-        let since = answered??.saturating_duration_since(released);
+        let (answered, client) = answered??;
+        kept.extend(client);
+        let since = answered.saturating_duration_since(released);
         after_us.push(u32::try_from(since.as_micros()).unwrap_or(u32::MAX));
     }
     let server = process_cpu(pid)?.saturating_sub(cpu_before);
+    drop(kept);
     let max_ms = after_us.iter().copied().max().unwrap_or(0) as f64 / 1000.0;
     Ok(Watches {
         latency: Percentiles::of(&mut after_us).context("no watch answered")?,

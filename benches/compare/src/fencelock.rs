@@ -117,7 +117,20 @@ impl Binary {
 
     /// Starts `fencelock serve` on `store` and waits until `GET /readyz` answers 200.
     pub async fn serve(&self, store: &Store, log: &Path) -> anyhow::Result<Server> {
-        let port = free_port()?;
+        // The port is free when chosen, but a connection of an earlier run that is still
+        // closing may take it before the server binds it: then another port is tried.
+        let mut attempts = 1;
+        loop {
+            match self.serve_on(free_port()?, store, log).await {
+                Err(e) if attempts < 5 && format!("{e:#}").contains("Address already in use") => {
+                    attempts += 1;
+                }
+                served => return served,
+            }
+        }
+    }
+
+    async fn serve_on(&self, port: u16, store: &Store, log: &Path) -> anyhow::Result<Server> {
         let mut command = self.command(store);
         command
             .arg("serve")
