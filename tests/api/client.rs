@@ -384,34 +384,51 @@ async fn release_and_drop_free_the_resource() {
     .await;
 }
 
-/// A server on SQLite, a client that reaches it through a [`Proxy`], and a lease on `job:1`
-/// taken through it.
-async fn leased_behind_a_proxy() -> (TestApp, Proxy, Client, Lease) {
-    let app = TestApp::spawn(StoreKind::Sqlite).await;
-    let proxy = Proxy::start(app.socket_address());
-    let client = client_at(&format!("http://{}", proxy.addr()));
-    let lease = client.lease("job:1", LONG).await.expect("leased");
-    (app, proxy, client, lease)
-}
-
 /// How long a release that meets an outage is watched to go on trying: without retries it
 /// would have failed at once (a refused connection takes microseconds).
 const STILL_TRYING: Duration = Duration::from_millis(500);
+
+/// A lease on `job:1` of a SQLite server, taken through a [`Proxy`] that then cuts every
+/// connection; its release, begun then, is still trying after [`STILL_TRYING`]. `thaw`
+/// lets it through, and gives its result.
+struct ReleaseInAnOutage {
+    app: TestApp,
+    proxy: Proxy,
+    release: tokio::task::JoinHandle<Result<(), Error>>,
+}
+
+impl ReleaseInAnOutage {
+    async fn begin() -> Self {
+        let app = TestApp::spawn(StoreKind::Sqlite).await;
+        let proxy = Proxy::start(app.socket_address());
+        let through = client_at(&format!("http://{}", proxy.addr()));
+        let lease = through.lease("job:1", LONG).await.expect("leased");
+        proxy.cut();
+        let mut release = tokio::spawn(lease.release());
+        let early = tokio::time::timeout(STILL_TRYING, &mut release).await;
+        assert!(early.is_err(), "the release gave up at once: {early:?}");
+        Self {
+            app,
+            proxy,
+            release,
+        }
+    }
+
+    async fn thaw(self) -> (TestApp, Result<(), Error>) {
+        self.proxy.thaw();
+        let released = tokio::time::timeout(PATIENCE, self.release)
+            .await
+            .expect("answered once the server is back")
+            .expect("the release task");
+        (self.app, released)
+    }
+}
 
 /// A release that cannot reach the server is retried while the lease lasts: the next holder
 /// need not wait out the TTL for one lost connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_is_retried_through_an_outage() {
-    let (app, proxy, _client, lease) = leased_behind_a_proxy().await;
-    proxy.cut();
-    let mut release = tokio::spawn(lease.release());
-    let early = tokio::time::timeout(STILL_TRYING, &mut release).await;
-    assert!(early.is_err(), "the release gave up at once: {early:?}");
-    proxy.thaw();
-    let released = tokio::time::timeout(PATIENCE, release)
-        .await
-        .expect("released once the server is back")
-        .expect("the release task");
+    let (app, released) = ReleaseInAnOutage::begin().await.thaw().await;
     released.expect("released");
     assert_eq!(client(&app).inspect("job:1").await.expect("inspect"), None);
 }
@@ -420,19 +437,13 @@ async fn a_release_is_retried_through_an_outage() {
 /// whose answer was lost may have released it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_release_that_finds_the_lease_gone_succeeds() {
-    let (app, proxy, _client, lease) = leased_behind_a_proxy().await;
-    proxy.cut();
-    let mut release = tokio::spawn(lease.release());
-    let early = tokio::time::timeout(STILL_TRYING, &mut release).await;
-    assert!(early.is_err(), "the release gave up at once: {early:?}");
-    app.db
+    let outage = ReleaseInAnOutage::begin().await;
+    outage
+        .app
+        .db
         .execute("DELETE FROM leases WHERE resource = 'job:1'")
         .await;
-    proxy.thaw();
-    let released = tokio::time::timeout(PATIENCE, release)
-        .await
-        .expect("answered once the server is back")
-        .expect("the release task");
+    let (_app, released) = outage.thaw().await;
     released.expect("a lease found gone counts as released");
 }
 
