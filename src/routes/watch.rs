@@ -53,7 +53,8 @@ pub(super) struct WatchResponse<'a> {
 pub(super) async fn watch(
     LockRead(WatchRequest { resource, query }, state): LockRead<WatchRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let until = Instant::now() + query.timeout.duration();
+    let began = Instant::now();
+    let until = began + query.timeout.duration();
     let mut changes = state.store.changes().subscribe(&resource);
     changes.mark_seen();
     // The first look registers the watch with the store (kept until the answer), so that
@@ -71,16 +72,22 @@ pub(super) async fn watch(
         },
     };
     let _registration = watching.registration;
-    let mut first = Some((watching.lease, Instant::now()));
+    // A look's answer, when it came (the lease's time left counts from then), and the moment
+    // a later look must not precede. For the first look that is when it began, not when this
+    // task got its answer: under load the task may resume after a release its look came
+    // before, and it must still share the look that the release's announcement starts. A
+    // shared look's moment is its answer's, stamped as the read ended.
+    let mut first = Some((watching.lease, Instant::now(), began));
     // What the next look must account for beyond the announcements seen: the moment the
     // watch was woken for (a lease's expiry), or nothing later than the last look.
-    let mut after = Instant::now();
+    let mut after = began;
     loop {
-        let (lease, looked_at) = match first.take() {
+        let (lease, looked_at, not_before) = match first.take() {
             Some(first) => first,
             None => {
                 let seen = changes.mark_seen();
-                look(&state, &resource, Need { seen, after }).await?
+                let (lease, at) = look(&state, &resource, Need { seen, after }).await?;
+                (lease, at, at)
             }
         };
         let watched = query
@@ -104,7 +111,7 @@ pub(super) async fn watch(
         let expiry = Duration::from_millis(u64::try_from(left).unwrap_or(0)) + EXPIRY_SLACK;
         let wake_at = (looked_at + expiry).min(until);
         after = tokio::select! {
-            () = changes.changed() => looked_at,
+            () = changes.changed() => not_before,
             () = tokio::time::sleep_until(wake_at.into()) => wake_at,
         };
     }
