@@ -193,7 +193,9 @@ struct Partitioned {
     waiter: Waiter,
 }
 
-async fn waiting_behind_a_partition(owner: &str, wait_ms: i64) -> Partitioned {
+/// Two servers on one fresh database: the first reaches PostgreSQL through the proxy (with a
+/// store timeout of 1 s), the second directly.
+async fn a_pair_one_behind_a_proxy() -> (TestApp, Proxy, TestApp) {
     let db = TestDb::new(StoreKind::Postgres).await;
     let proxy = Proxy::start(postgres_addr());
     let url = db.url_via(proxy.addr());
@@ -202,6 +204,11 @@ async fn waiting_behind_a_partition(owner: &str, wait_ms: i64) -> Partitioned {
     settings.store_timeout = Duration::from_secs(1);
     let cut_off = TestApp::spawn_with(db.clone(), settings).await;
     let other = TestApp::spawn_on(db, |_| {}).await;
+    (cut_off, proxy, other)
+}
+
+async fn waiting_behind_a_partition(owner: &str, wait_ms: i64) -> Partitioned {
+    let (cut_off, proxy, other) = a_pair_one_behind_a_proxy().await;
     let holder = other.acquire_ok("r", "holder", 60).await;
     let client = client();
     let waiter = wait_on(&client, cut_off.url("/locks/r"), owner, 30, wait_ms);
@@ -213,6 +220,138 @@ async fn waiting_behind_a_partition(owner: &str, wait_ms: i64) -> Partitioned {
         holder,
         client,
         waiter,
+    }
+}
+
+/// How a crowd's waiter ended: with the fence of the lease it took (and released at once),
+/// or without one at its deadline.
+type Served = Option<i64>;
+
+/// One waiter of a crowd, as a worker runs it: asks for `r` on `url`, waiting at most until
+/// `deadline`; a `503` (its instance cannot reach the store) is asked again after a pause.
+/// A lease it gets is released at once, with its fence.
+async fn crowd_waiter(
+    client: reqwest::Client,
+    url: String,
+    owner: String,
+    deadline: Instant,
+) -> Served {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        let wait_ms = i64::try_from(left.as_millis()).unwrap();
+        let body = json!({ "owner": owner, "ttl_seconds": 30, "wait_ms": wait_ms });
+        let answer = client.post(&url).json(&body).send().await;
+        let Ok(answer) = answer else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        if answer.status() == 503 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        assert_eq!(answer.status(), 200, "{owner}");
+        let answer: Value = answer.json().await.unwrap();
+        if answer["acquired"] != true {
+            return None;
+        }
+        let fence = fence(&answer["lock"]);
+        let release = json!({ "owner": owner, "fence": fence });
+        loop {
+            let released = client.delete(&url).json(&release).send().await;
+            match released.map(|r| r.status().as_u16()) {
+                Ok(204) => return Some(fence),
+                // The lease is gone already (an undone grant's waiter does not get it).
+                Ok(status @ (404 | 409 | 403)) => {
+                    panic!("{owner}: its lease {fence} was refused release: {status}")
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+}
+
+/// The reproduction of a lost hand-over, at its scale: two instances on one database, the
+/// first's connections to it through a proxy frozen for 8 s; 200 waiters (TTL 30 s) and 100
+/// watches of `r`, half on each instance; the holder releases during the freeze. Every
+/// waiter gets the lease before its deadline (30 s after it began), each releasing it at
+/// once; every grant recorded was either received by its waiter or undone within the
+/// liveness bound (none sat with nobody for its TTL); every watch ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_of_waiters_behind_a_partition_is_served() {
+    const WAITERS: usize = 200;
+    const WATCHES: usize = 100;
+    let (cut_off, proxy, other) = a_pair_one_behind_a_proxy().await;
+    let apps = [&cut_off, &other];
+    let holder = other.acquire_ok("r", "holder", 60).await;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|i| {
+            let url = apps[i % 2].url("/locks/r");
+            tokio::spawn(crowd_waiter(client.clone(), url, format!("w{i}"), deadline))
+        })
+        .collect();
+    let watches: Vec<_> = (0..WATCHES)
+        .map(|i| apps[i % 2].watch_in_background("r", &holder, 60_000))
+        .collect();
+    until_queued(&other, "r", i64::try_from(WAITERS).unwrap()).await;
+
+    proxy.freeze();
+    released(&other, &holder).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    proxy.thaw();
+
+    let mut received = std::collections::HashSet::new();
+    let mut starved = Vec::new();
+    for (i, waiter) in waiters.into_iter().enumerate() {
+        let served = tokio::time::timeout(Duration::from_secs(60), waiter)
+            .await
+            .expect("the waiter ends")
+            .expect("the waiter's task");
+        match served {
+            Some(fence) => assert!(received.insert(fence), "fence {fence} received twice"),
+            None => starved.push(format!("w{i}")),
+        }
+    }
+    assert!(
+        starved.is_empty(),
+        "{} of {WAITERS} waiters starved: {starved:?}",
+        starved.len()
+    );
+    for watch in watches {
+        let (answer, _) = tokio::time::timeout(Duration::from_secs(60), watch)
+            .await
+            .expect("the watch ends")
+            .expect("the watch's task");
+        assert!(
+            answer["changed"] == true || answer["status"] == 503,
+            "a watch answered {answer}"
+        );
+    }
+
+    let db = pg_connect(&other.db.url()).await;
+    let rows = db
+        .query(
+            "SELECT fence, extract(epoch FROM coalesce(ended_at, now()) - acquired_at)::float8
+             FROM lease_history WHERE resource = 'r' AND fence <> $1",
+            &[&fence(&holder)],
+        )
+        .await
+        .unwrap();
+    assert!(rows.len() >= WAITERS, "{} grants recorded", rows.len());
+    for row in rows {
+        let (granted, lasted): (i64, f64) = (row.get(0), row.get(1));
+        assert!(
+            received.contains(&granted) || lasted < LIVENESS_BOUND.as_secs_f64(),
+            "the grant {granted} was received by nobody, and sat for {lasted:.1} s"
+        );
     }
 }
 
