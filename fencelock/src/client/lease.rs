@@ -16,7 +16,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 
 use super::error::{Error, LossReason};
 use super::retry::jitter;
-use super::{Client, Grant, LockInfo};
+use super::{Client, Grant, LockInfo, RetryPolicy};
 
 /// The largest safety margin: the loss is reported at most this long before the lease's
 /// expiry (for short TTLs, a tenth of the TTL).
@@ -496,9 +496,9 @@ const MAX_RELEASE_PAUSE: Duration = Duration::from_secs(1);
 const RELEASE_RETRIES_FOR: Duration = Duration::from_secs(5);
 
 /// Releases the lease `fence` of `owner` on `resource`, retrying an outage
-/// ([`Error::Unavailable`]) with backoff as long as the next attempt would start within
-/// [`RELEASE_RETRIES_FOR`] and before `until`, the lease's safe deadline (after it, the lease
-/// may be expiring anyway).
+/// ([`Error::Unavailable`]) under a [`RetryPolicy`] whose deadline is
+/// [`RELEASE_RETRIES_FOR`] or `until`, the lease's safe deadline, whichever comes first
+/// (after it, the lease may be expiring anyway).
 ///
 /// Retrying is safe because the release names its fence: it can only ever free this lease.
 /// An attempt that failed with an outage may still have released it (its answer was lost on
@@ -511,27 +511,28 @@ async fn give_back(
     fence: i64,
     until: Instant,
 ) -> Result<(), Error> {
-    let until = until.min(Instant::now() + RELEASE_RETRIES_FOR);
-    let mut failures = 0u32;
-    loop {
-        let error = match client.release(resource, owner.expose(), Some(fence)).await {
-            Err(Error::LeaseLost {
-                reason: LossReason::NotFound,
-            }) if failures > 0 => return Ok(()),
-            Err(error @ Error::Unavailable(_)) => error,
-            done => return done,
-        };
-        failures = failures.saturating_add(1);
-        let ceiling = FIRST_RETRY
-            .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(31)))
-            .min(MAX_RELEASE_PAUSE);
-        let next = Instant::now() + jitter(ceiling / 2, ceiling);
-        if next >= until {
-            return Err(error);
-        }
-        tracing::debug!(resource, fence, failures, %error, "lease release failed; retrying");
-        sleep_until(next).await;
-    }
+    let policy = RetryPolicy {
+        initial_backoff: FIRST_RETRY,
+        max_backoff: MAX_RELEASE_PAUSE,
+        deadline: until
+            .saturating_duration_since(Instant::now())
+            .min(RELEASE_RETRIES_FOR),
+    };
+    let mut attempts = 0u32;
+    policy
+        .run(|| {
+            let retried = attempts > 0;
+            attempts += 1;
+            async move {
+                match client.release(resource, owner.expose(), Some(fence)).await {
+                    Err(Error::LeaseLost {
+                        reason: LossReason::NotFound,
+                    }) if retried => Ok(()),
+                    done => done,
+                }
+            }
+        })
+        .await
 }
 
 #[cfg(test)]
