@@ -16,7 +16,7 @@
 //! and finding it held.
 //!
 //! A store may also serve the queue itself: PostgreSQL grants a released lease to the first
-//! ticket in the release's own transaction (migration V10), and the waiter's next attempt,
+//! ticket in the release's own transaction (docs/design/0003-handover-on-release.md), and the waiter's next attempt,
 //! woken by the release's announcement, answers with that grant. A waiter that stops
 //! waiting learns from `dequeue` of a grant it got meanwhile.
 //!

@@ -39,7 +39,7 @@ pub(crate) type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// How long a waiter's ticket counts without a heartbeat ([`LeaseStore::beat`]): a ticket of
 /// a process that died stops holding its queue up (and being granted the lease) this long
-/// after the last beat. The PostgreSQL migration V17 gives a provisional grant the same time.
+/// after the last beat. PostgreSQL gives a provisional grant the same time (`fencelock_apply`).
 pub(crate) const TICKET_LIFE: Duration = Duration::from_secs(2);
 
 /// How often a process's waiters' tickets are extended: four beats per [`TICKET_LIFE`], so

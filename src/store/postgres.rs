@@ -4,7 +4,7 @@
 //! step. Acquisitions, renewals and releases that arrive together share one statement, one
 //! transaction and one commit ([`batch`], group commit); a request that arrives alone goes at
 //! once, as a batch of one. Expiry is decided by the database's clock, read by each decision
-//! once it holds its resource's row lock (migration V8), so that store time follows commit
+//! once it holds its resource's row lock (docs/design/0002-database-clock.md), so that store time follows commit
 //! order: instances with skewed clocks still agree. Fences come from the `lease_fence` sequence, which is store-wide,
 //! crash-safe and never reused after a release deletes a row.
 
@@ -161,13 +161,26 @@ impl deadpool_postgres::Connect for OnDriverRuntime {
 }
 
 /// The schema version a database is at, if it is exactly the one this build's migrations
-/// (`known`) end at; otherwise why not, in one line.
-pub(crate) fn schema_version<V: Ord + Copy + Default + std::fmt::Display>(
-    known: impl Iterator<Item = V>,
-    applied: impl Iterator<Item = V>,
-) -> anyhow::Result<V> {
-    let latest = known.max().unwrap_or_default();
-    match applied.max() {
+/// (`known`) end at; otherwise why not, in one line. A migration the database applied with
+/// another text than this build's (a database made before the schema was folded into one
+/// migration, or a migration edited after it shipped) is named first: no `migrate` mends it.
+pub(crate) fn schema_version(
+    known: &[refinery::Migration],
+    applied: &[refinery::Migration],
+) -> anyhow::Result<refinery::SchemaVersion> {
+    let changed = applied.iter().find_map(|was| {
+        known
+            .iter()
+            .find(|is| is.version() == was.version() && is.checksum() != was.checksum())
+            .map(|is| (was, is))
+    });
+    if let Some((was, is)) = changed {
+        anyhow::bail!(
+            "the database applied migration {was} where this build has {is}, another text: it was made by a build with another schema; give this build a new database"
+        );
+    }
+    let latest = known.iter().map(|m| m.version()).max().unwrap_or_default();
+    match applied.iter().map(|m| m.version()).max() {
         None => anyhow::bail!(
             "the database has no fencelock schema (no migration applied): start the server once or run `fencelock migrate`"
         ),
@@ -484,10 +497,7 @@ impl Db {
                     "a table named leases already exists that fencelock did not create; use a database of its own"
                 );
             }
-            let version = schema_version(
-                runner.get_migrations().iter().map(|m| m.version()),
-                applied.iter().map(|m| m.version()),
-            )?;
+            let version = schema_version(runner.get_migrations(), &applied)?;
             for probe in SCHEMA_PROBES {
                 client.simple_query(probe).await.map_err(|e| {
                     anyhow::anyhow!(
@@ -581,14 +591,14 @@ impl Db {
 /// happens. The deadline comes last among the parameters (see `write_opt`).
 ///
 /// A refusal is a row too (`how` 'held'), whose `expires_at` says when the caller might get
-/// the resource (migration V7).
+/// the resource.
 const ACQUIRE: &str = "
 SELECT fence, acquired_at, expires_at, observed_at, how
 FROM fencelock_acquire($1, $2, $3, $8, $4::text, $5::integer, $6::integer, $7::bigint)";
 
 /// A new ticket at the end of the resource's queue, live for `$2` ms by the database's clock,
 /// and whether the resource has a live lease, read with a row lock after the ticket is in
-/// (migration V9): from then on every change of that lease is announced, and a change that
+/// (docs/design/0004-announcements.md): from then on every change of that lease is announced, and a change that
 /// was under way is waited for and seen.
 ///
 /// Committed without waiting for the disk: the row lock is held until the commit, and a
@@ -596,10 +606,10 @@ FROM fencelock_acquire($1, $2, $3, $8, $4::text, $5::integer, $6::integer, $7::b
 /// lease and no fence: its waiter, woken by the reconnect, tries again with the same number
 /// and is judged behind the tickets before it that remain.
 ///
-/// The acquisition goes with the ticket, for a release to grant it (migration V10), unless it
+/// The acquisition goes with the ticket, for a release to grant it (docs/design/0003-handover-on-release.md), unless it
 /// has a token quota (`$3` NULL): that is counted under the token's lock, by the waiter.
 ///
-/// The ticket lives by its heartbeat (migration V17): `$7` ms at first, never past the wait's
+/// The ticket lives by its heartbeat (`lease_waiters.expires_at`): `$7` ms at first, never past the wait's
 /// end (`wait_until`), extended by [`BEAT`] while its waiter is alive.
 const ENQUEUE: &str = "
 WITH waiter AS (
@@ -615,7 +625,7 @@ SELECT waiter.ticket, EXISTS (
 FROM waiter, (SELECT set_config('synchronous_commit', 'off', true)) AS no_sync";
 
 /// A watch's registration, live for `$2` ms by the database's clock, and the live lease read
-/// with a row lock after it, as `ENQUEUE` does (migration V9).
+/// with a row lock after it, as `ENQUEUE` does.
 const WATCH: &str = "
 WITH watch AS (
     INSERT INTO lease_watchers (resource, expires_at)
@@ -630,12 +640,12 @@ FROM watch LEFT JOIN LATERAL (
 const UNWATCH: &str = "DELETE FROM lease_watchers WHERE id = ANY($1)";
 
 /// Its trigger announces the change, so the next waiter looks again. Returns the grant a
-/// release wrote into the ticket if it still stands, now the waiter's for good (migrations
-/// V10, V17); no row otherwise.
+/// release wrote into the ticket if it still stands, now the waiter's for good
+/// (`fencelock_claim_grant`); no row otherwise.
 const DEQUEUE: &str =
     "SELECT fence, acquired_at, expires_at, observed_at FROM fencelock_dequeue($1)";
 
-/// The heartbeat of this process's waiters (migration V17): each ticket of `$1` lives `$2` ms
+/// The heartbeat of this process's waiters: each ticket of `$1` lives `$2` ms
 /// more, never past its wait's end. One statement for all of them; a ticket another
 /// transaction has locked right now (a release granting it, its waiter taking the grant) is
 /// skipped, not waited for, so a beat never waits on a decision (nor closes a deadlock with
@@ -652,7 +662,7 @@ FROM (SELECT ticket FROM lease_waiters
      (SELECT set_config('synchronous_commit', 'off', true)) AS no_sync
 WHERE w.ticket = beat.ticket";
 
-/// Trims each recently acquired resource's history to its newest `$1` leases (migration V17).
+/// Trims each recently acquired resource's history to its newest `$1` leases (`fencelock_trim_history`).
 const TRIM_HISTORY: &str = "SELECT fencelock_trim_history($1::integer, $2::bigint)";
 
 /// Tickets of waiters that are gone without leaving the queue (their process died): skipped
@@ -739,7 +749,7 @@ ORDER BY fence DESC
 LIMIT $2"#;
 
 /// History rows of leases that ended more than the retention ago, found by
-/// `lease_history_acquired_idx` (migration V12: a lease that ended before the cutoff was
+/// `lease_history_acquired_idx` (a lease that ended before the cutoff was
 /// acquired before it). Like the lease purge, it skips rows a batch has locked (a lease
 /// change updating them right now) rather than wait for them.
 const PURGE_HISTORY: &str = delete_skip_locked!(
@@ -1032,7 +1042,7 @@ fn granted_lease(req: &AcquireRequest, row: &Row) -> Result<Lease> {
 
 /// A refusal: the resource might be the caller's at `free_at`, by the database's clock, read at
 /// `now` (NULL: unknown, so look again soon). `delayed_since` is the expiry of the lease whose
-/// lock delay it is, if it is one (migration V17: the refusal row's `acquired_at`).
+/// lock delay it is, if it is one (the refusal row's `acquired_at`).
 fn held(
     free_at: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
@@ -1112,8 +1122,7 @@ pub fn classify_pool(e: PoolError) -> StoreError {
 }
 
 /// One range of a list page, `[$1, $2)`, at most `$3` leases. The bounds come from
-/// `ListRequest::ranges` and hold in byte order: the column's collation is "C" (migration
-/// V4), so the primary key index serves the range and the order. The explicit `COLLATE "C"`
+/// `ListRequest::ranges` and hold in byte order: the column's collation is "C" (the schema), so the primary key index serves the range and the order. The explicit `COLLATE "C"`
 /// repeats that for whoever reads the statement; it is the column's own, so the index still
 /// applies.
 const LIST: &str = r#"

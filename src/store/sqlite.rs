@@ -208,10 +208,7 @@ fn schema_version(conn: &mut Connection, path: &Path) -> anyhow::Result<i32> {
     } else {
         Vec::new()
     };
-    super::postgres::schema_version(
-        runner.get_migrations().iter().map(|m| m.version()),
-        applied.iter().map(|m| m.version()),
-    )
+    super::postgres::schema_version(runner.get_migrations(), &applied)
 }
 
 /// What `check` reads to make sure the tables the statements use are there, with the columns
@@ -781,7 +778,7 @@ fn waiters_ahead(
         .map_err(classify)
 }
 
-/// A ticket at the end of the queue: it lives by its heartbeat (migration V7), [`TICKET_LIFE`]
+/// A ticket at the end of the queue: it lives by its heartbeat (`lease_waiters.expires_at`), [`TICKET_LIFE`]
 /// at first, never past the wait's end, extended by [`beat`] while its waiter is alive.
 fn enqueue(conn: &Connection, resource: &ResourceName, wait: Duration) -> Result<Ticket> {
     let now = now_ms();
@@ -1080,7 +1077,7 @@ fn list(conn: &Connection, req: &ListRequest) -> Result<LeasePage> {
     Ok(LeasePage::from_rows(leases, req.limit))
 }
 
-/// The `lease_history` table (migration V5): written in the batch transaction with the lease
+/// The `lease_history` table: written in the batch transaction with the lease
 /// change it records, read by `GET /locks/{resource}/history`.
 mod history {
     use super::*;

@@ -106,7 +106,7 @@ async fn lease_is_free_once_its_expiry_has_passed(kind: StoreKind) {
 }
 
 /// PostgreSQL decides expiry in SQL, on its clock as read once the decision holds the row
-/// (migration V8): a lease whose expiry has come (here the transaction's start, `now()`) is
+/// (docs/design/0002-database-clock.md): a lease whose expiry has come (here the transaction's start, `now()`) is
 /// free, and one whose expiry is still ahead is not (ten seconds ahead of the clock: more than
 /// this transaction's next statement can take on a loaded machine).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,7 +126,7 @@ async fn postgres_lease_is_expired_at_its_expiry_instant() {
     .unwrap();
     let granted = tx
         .query_opt(
-            "SELECT how FROM fencelock_acquire('job:1', 'b', 60, now() + interval '1 minute')",
+            "SELECT how FROM fencelock_acquire('job:1', 'b', 60, now() + interval '1 minute', NULL, NULL, 0, NULL)",
             &[],
         )
         .await
@@ -143,13 +143,14 @@ async fn postgres_lease_is_expired_at_its_expiry_instant() {
     .unwrap();
     let refused = tx
         .query_opt(
-            "SELECT how FROM fencelock_acquire('job:1', 'c', 60, now() + interval '1 minute')",
+            "SELECT how FROM fencelock_acquire('job:1', 'c', 60, now() + interval '1 minute', NULL, NULL, 0, NULL)",
             &[],
         )
         .await
         .unwrap();
-    assert!(
-        refused.is_none(),
+    assert_eq!(
+        refused.map(|row| row.get::<_, String>(0)),
+        Some("held".to_owned()),
         "a lease ten seconds from expiry was taken"
     );
 }

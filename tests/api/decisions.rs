@@ -12,7 +12,9 @@ use fencelock::domain::{
 };
 use fencelock_server::{Deadline, SharedStore};
 
-use crate::helpers::{StoreKind, TTL, TestApp};
+use futures_util::future::join_all;
+
+use crate::helpers::{StoreKind, TTL, TestApp, TestDb};
 
 /// How the resource stands before the request.
 #[derive(Debug, Clone, Copy)]
@@ -173,11 +175,8 @@ fn deadline() -> Deadline {
     Deadline::after(Duration::from_secs(10))
 }
 
-/// The store's answer, after putting `resource` into `state`.
-async fn by_the_store(app: &TestApp, resource: &str, state: State, op: Op, who: &str) -> Verdict {
-    let store: &SharedStore = &app.store;
-    let resource = ResourceName::parse(resource).unwrap();
-    let acquire = |name: &str| AcquireRequest {
+fn acquisition(resource: &ResourceName, name: &str) -> AcquireRequest {
+    AcquireRequest {
         resource: resource.clone(),
         owner: owner(name),
         ttl: ttl(),
@@ -185,12 +184,17 @@ async fn by_the_store(app: &TestApp, resource: &str, state: State, op: Op, who: 
         token: None,
         wait: Default::default(),
         ticket: None,
-    };
+    }
+}
+
+/// Puts `resource` into `state`; returns the fence of `a`'s lease (1 when there is none).
+async fn set_up(app: &TestApp, resource: &ResourceName, state: State) -> Fence {
+    let store: &SharedStore = &app.store;
     let mut fence_of_a = Fence::new(1).unwrap();
     if !matches!(state, Absent) {
         let first = AcquireRequest {
             lock_delay: lock_delay(state),
-            ..acquire("a")
+            ..acquisition(resource, "a")
         };
         match store.acquire(&first, deadline()).await.unwrap() {
             AcquireOutcome::Acquired { lease, .. } => fence_of_a = lease.fence,
@@ -200,8 +204,23 @@ async fn by_the_store(app: &TestApp, resource: &str, state: State, op: Op, who: 
     if matches!(state, ExpiredA | DelayedA) {
         app.db.age(resource.as_str(), 1_000).await;
     }
+    fence_of_a
+}
+
+/// The store's answer to `op` by `who` on `resource`, set up with `fence_of_a`.
+async fn by_the_store(
+    store: &SharedStore,
+    resource: &ResourceName,
+    fence_of_a: Fence,
+    op: Op,
+    who: &str,
+) -> Verdict {
     match op {
-        Acquire => match store.acquire(&acquire(who), deadline()).await.unwrap() {
+        Acquire => match store
+            .acquire(&acquisition(resource, who), deadline())
+            .await
+            .unwrap()
+        {
             AcquireOutcome::Acquired { how, .. } => V::Granted(how),
             AcquireOutcome::Held { .. } => V::Held,
             other => panic!("no quota was asked for: {other:?}"),
@@ -226,19 +245,74 @@ async fn by_the_store(app: &TestApp, resource: &str, state: State, op: Op, who: 
     }
 }
 
-/// Every case of the table, decided by the rules and by the store, gives the expected verdict.
+/// Every case of the table, decided by the rules and by the store, gives the expected verdict:
+/// each request decided alone (PostgreSQL: `--pg-batch-max 1`, every request a statement of its
+/// own), then the whole table at once (PostgreSQL: decided together in full batches; SQLite: in
+/// its batch transactions).
 async fn the_store_decides_as_the_rules_do(kind: StoreKind) {
-    let app = TestApp::spawn(kind).await;
+    let alone = TestApp::spawn_on(TestDb::new(kind).await, |s| s.pg_batch_max = 1).await;
     for (i, &(state, op, who, expected)) in CASES.iter().enumerate() {
         let case = format!("{state:?} {op:?} by {who}");
         assert_eq!(by_the_rules(state, op, who), expected, "rules: {case}");
-        let resource = format!("case-{i}");
+        let resource = ResourceName::parse(&format!("case-{i}")).unwrap();
+        let fence_of_a = set_up(&alone, &resource, state).await;
         assert_eq!(
-            by_the_store(&app, &resource, state, op, who).await,
+            by_the_store(&alone.store, &resource, fence_of_a, op, who).await,
             expected,
-            "store: {case}"
+            "store, alone: {case}"
         );
     }
+
+    let together = TestApp::spawn(kind).await;
+    let mut set = Vec::new();
+    for (i, &(state, ..)) in CASES.iter().enumerate() {
+        let resource = ResourceName::parse(&format!("case-{i}")).unwrap();
+        let fence_of_a = set_up(&together, &resource, state).await;
+        set.push((resource, fence_of_a));
+    }
+    let before = if kind == StoreKind::Postgres {
+        batches(&together).await
+    } else {
+        (0.0, 0.0)
+    };
+    let store = &together.store;
+    let verdicts = join_all(
+        CASES
+            .iter()
+            .zip(&set)
+            .map(|(&(_, op, who, _), (resource, fence))| {
+                by_the_store(store, resource, *fence, op, who)
+            }),
+    )
+    .await;
+    for (&(state, op, who, expected), verdict) in CASES.iter().zip(verdicts) {
+        assert_eq!(
+            verdict, expected,
+            "store, together: {state:?} {op:?} by {who}"
+        );
+    }
+    if kind == StoreKind::Postgres {
+        let after = batches(&together).await;
+        let (requests, batches) = (after.0 - before.0, after.1 - before.1);
+        assert_eq!(
+            requests,
+            CASES.len() as f64,
+            "every request went through a batch"
+        );
+        assert!(
+            batches * 4.0 <= requests,
+            "{requests} requests in {batches} batches: not decided together"
+        );
+    }
+}
+
+/// The requests and the batches PostgreSQL's group commit has decided so far.
+async fn batches(app: &TestApp) -> (f64, f64) {
+    let metrics = app.metrics().await;
+    (
+        metrics.value("fencelock_store_batch_size_sum", &[]),
+        metrics.value("fencelock_store_batch_size_count", &[]),
+    )
 }
 
 contract!(the_store_decides_as_the_rules_do);

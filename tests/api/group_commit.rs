@@ -448,8 +448,8 @@ async fn a_refused_batch_is_decided_request_by_request() {
     );
 }
 
-/// An acquisition of a lease another owner holds is answered from a plain read (migration
-/// V13): it neither takes the lease's row lock nor waits for it. Here another session holds
+/// An acquisition of a lease another owner holds is answered from a plain read
+/// (docs/design/0005-what-a-decision-costs.md): it neither takes the lease's row lock nor waits for it. Here another session holds
 /// that lock; under load it is the holder's own release or renewal, which a refusal would
 /// otherwise hold up until the refusal's batch committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -743,8 +743,8 @@ async fn single_statements_write_history() {
 }
 
 /// A grant is stamped with the store's clock after the row lock it waited for, not at the
-/// start of its transaction (migration V8): B's acquisition starts, waits for the row lock of
-/// A's expired lease (a live one of another owner is refused without a lock, migration V13),
+/// start of its transaction (docs/design/0002-database-clock.md): B's acquisition starts, waits for the row lock of
+/// A's expired lease (a live one of another owner is refused without a lock),
 /// which another session holds, deletes and commits at `t1`; B's lease then starts
 /// no earlier than `t1`, so commit order and store time agree and the two leases do not
 /// overlap. Both paths: the group commit (`fencelock_apply`) and a quota acquisition, which

@@ -1,5 +1,5 @@
 //! On PostgreSQL a release hands the lease to the first waiter in the release's own
-//! transaction (migration V10): the hand-over costs no second commit.
+//! transaction (docs/design/0003-handover-on-release.md): the hand-over costs no second commit.
 
 use fencelock_testkit::pg_connect;
 use serde_json::json;

@@ -149,6 +149,36 @@ async fn check_passes_only_a_store_ready_to_serve() {
     }
 }
 
+/// A store whose applied migration differs from this build's of the same version (one made
+/// by a build with another schema) is named as such by `check`, not as one to migrate; the
+/// PostgreSQL server refuses it as a misconfiguration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_of_a_build_with_another_schema_is_named() {
+    for kind in [StoreKind::Postgres, StoreKind::Sqlite] {
+        let db = TestDb::new(kind).await;
+        let dir = tempfile::tempdir().unwrap();
+        let migrated = command(Some(&db.url()), dir.path())
+            .arg("migrate")
+            .output()
+            .unwrap();
+        assert!(migrated.status.success(), "{migrated:?}");
+        db.execute(
+            "UPDATE refinery_schema_history SET checksum = '1', name = 'leases' WHERE version = 1",
+        )
+        .await;
+        let line = assert_failed_in_one_line(&check(&db.url()), &format!("{kind:?}"));
+        assert!(
+            line.contains("V1__leases where this build has V1__schema")
+                && line.contains("another schema")
+                && !line.contains("fencelock migrate"),
+            "{kind:?}: {line}"
+        );
+        if kind == StoreKind::Postgres {
+            misconfiguration_is_named(&db.url(), "V1__schema").await;
+        }
+    }
+}
+
 /// The version of the newest migration shipped for `kind`'s store.
 fn latest_migration(kind: StoreKind) -> u32 {
     let dir = match kind {

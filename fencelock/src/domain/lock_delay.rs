@@ -38,7 +38,7 @@ impl LockDelay {
 
     /// When a lease that expires at `expires_at` with this delay lets another owner take the
     /// resource. The one place the embedded store computes the end of a lock delay
-    /// (PostgreSQL: `fencelock_free_at`, migration V6).
+    /// (PostgreSQL: `fencelock_free_at`).
     pub fn free_at(self, expires_at: DateTime<Utc>) -> DateTime<Utc> {
         expires_at + TimeDelta::milliseconds(i64::from(self.0))
     }

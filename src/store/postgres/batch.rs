@@ -1,5 +1,5 @@
 //! Group commit: acquisitions, renewals and releases that arrive together are decided by one
-//! statement (`fencelock_apply`, migration V5), in one transaction, with one commit and one
+//! statement (`fencelock_apply`, docs/design/0001-group-commit.md), in one transaction, with one commit and one
 //! round trip for all of them.
 //!
 //! Requests are queued, and one committer, the lead, takes them: the first request that comes

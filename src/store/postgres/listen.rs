@@ -1,5 +1,5 @@
 //! The LISTEN session: one dedicated connection per instance that receives the changes every
-//! instance announces on `fencelock_changes` (migration V7: grants, releases, dequeues; the
+//! instance announces on `fencelock_changes` (docs/design/0004-announcements.md: grants, releases, dequeues; the
 //! payload is the resource) and passes them to this instance's wake registry.
 //!
 //! A notification sent while the session was down is lost, so after every (re)connect, once
