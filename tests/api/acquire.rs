@@ -118,38 +118,31 @@ async fn postgres_lease_is_expired_at_its_expiry_instant() {
         .unwrap();
     tokio::spawn(connection);
     let tx = client.transaction().await.unwrap();
+    // `job:1` for `owner`, by the decision's own SQL, in `tx`: what it did (`how`).
+    async fn acquire_in(tx: &tokio_postgres::Transaction<'_>, owner: &str) -> Option<String> {
+        tx.query_opt(
+            "SELECT how FROM fencelock_acquire('job:1', $1, 60, now() + interval '1 minute', NULL, NULL, 0, NULL)",
+            &[&owner],
+        )
+        .await
+        .unwrap()
+        .map(|row| row.get(0))
+    }
     tx.execute(
         "UPDATE leases SET expires_at = now() WHERE resource = 'job:1'",
         &[],
     )
     .await
     .unwrap();
-    let granted = tx
-        .query_opt(
-            "SELECT how FROM fencelock_acquire('job:1', 'b', 60, now() + interval '1 minute', NULL, NULL, 0, NULL)",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        granted.map(|row| row.get::<_, String>(0)),
-        Some("taken_over".to_owned())
-    );
+    assert_eq!(acquire_in(&tx, "b").await, Some("taken_over".to_owned()));
     tx.execute(
         "UPDATE leases SET expires_at = clock_timestamp() + interval '10 seconds' WHERE resource = 'job:1'",
         &[],
     )
     .await
     .unwrap();
-    let refused = tx
-        .query_opt(
-            "SELECT how FROM fencelock_acquire('job:1', 'c', 60, now() + interval '1 minute', NULL, NULL, 0, NULL)",
-            &[],
-        )
-        .await
-        .unwrap();
     assert_eq!(
-        refused.map(|row| row.get::<_, String>(0)),
+        acquire_in(&tx, "c").await,
         Some("held".to_owned()),
         "a lease ten seconds from expiry was taken"
     );

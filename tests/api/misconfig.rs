@@ -132,12 +132,7 @@ async fn check_passes_only_a_store_ready_to_serve() {
             "{kind:?}: {line}"
         );
 
-        let dir = tempfile::tempdir().unwrap();
-        let migrated = command(Some(&db.url()), dir.path())
-            .arg("migrate")
-            .output()
-            .unwrap();
-        assert!(migrated.status.success(), "{migrated:?}");
+        migrate(&db.url());
         let ready = check(&db.url());
         let stdout = assert_succeeded(&ready, &format!("{kind:?}"));
         assert!(stdout.starts_with("fencelock check: ok:"), "{stdout}");
@@ -156,12 +151,7 @@ async fn check_passes_only_a_store_ready_to_serve() {
 async fn a_store_of_a_build_with_another_schema_is_named() {
     for kind in [StoreKind::Postgres, StoreKind::Sqlite] {
         let db = TestDb::new(kind).await;
-        let dir = tempfile::tempdir().unwrap();
-        let migrated = command(Some(&db.url()), dir.path())
-            .arg("migrate")
-            .output()
-            .unwrap();
-        assert!(migrated.status.success(), "{migrated:?}");
+        migrate(&db.url());
         db.execute(
             "UPDATE refinery_schema_history SET checksum = '1', name = 'leases' WHERE version = 1",
         )
@@ -177,6 +167,16 @@ async fn a_store_of_a_build_with_another_schema_is_named() {
             misconfiguration_is_named(&db.url(), "V1__schema").await;
         }
     }
+}
+
+/// `fencelock migrate` on `url`, which must succeed.
+fn migrate(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let migrated = command(Some(url), dir.path())
+        .arg("migrate")
+        .output()
+        .unwrap();
+    assert!(migrated.status.success(), "{migrated:?}");
 }
 
 /// The version of the newest migration shipped for `kind`'s store.
