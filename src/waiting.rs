@@ -15,9 +15,9 @@
 //! so far, so the next waits for a later change (or that expiry) instead of looking at once
 //! and finding it held.
 //!
-//! A store may also serve the queue itself: PostgreSQL grants a released lease to the first
-//! ticket in the release's own transaction (docs/design/0003-handover-on-release.md), and the waiter's next attempt,
-//! woken by the release's announcement, answers with that grant. A waiter that stops
+//! A store may also serve the queue itself: PostgreSQL grants a released lease to the first ticket
+//! in the release's own transaction (docs/design/0003-handover-on-release.md), and the waiter's
+//! next attempt, woken by the release's announcement, answers with that grant. A waiter that stops
 //! waiting learns from `dequeue` of a grant it got meanwhile.
 //!
 //! The loop runs in a task of its own, not in the request's future: when a client goes away,

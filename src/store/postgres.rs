@@ -1,12 +1,12 @@
 //! The PostgreSQL store.
 //!
-//! Each decision is taken inside one SQL statement, so the check and the write are one atomic
-//! step. Acquisitions, renewals and releases that arrive together share one statement, one
-//! transaction and one commit ([`batch`], group commit); a request that arrives alone goes at
-//! once, as a batch of one. Expiry is decided by the database's clock, read by each decision
-//! once it holds its resource's row lock (docs/design/0002-database-clock.md), so that store time follows commit
-//! order: instances with skewed clocks still agree. Fences come from the `lease_fence` sequence, which is store-wide,
-//! crash-safe and never reused after a release deletes a row.
+//! Each decision is taken inside one SQL statement, so the check and the write are one atomic step.
+//! Acquisitions, renewals and releases that arrive together share one statement, one transaction
+//! and one commit ([`batch`], group commit); a request that arrives alone goes at once, as a batch
+//! of one. Expiry is decided by the database's clock, read by each decision once it holds its
+//! resource's row lock (docs/design/0002-database-clock.md), so that store time follows commit
+//! order: instances with skewed clocks still agree. Fences come from the `lease_fence` sequence,
+//! which is store-wide, crash-safe and never reused after a release deletes a row.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -596,21 +596,22 @@ const ACQUIRE: &str = "
 SELECT fence, acquired_at, expires_at, observed_at, how
 FROM fencelock_acquire($1, $2, $3, $8, $4::text, $5::integer, $6::integer, $7::bigint)";
 
-/// A new ticket at the end of the resource's queue, live for `$2` ms by the database's clock,
-/// and whether the resource has a live lease, read with a row lock after the ticket is in
-/// (docs/design/0004-announcements.md): from then on every change of that lease is announced, and a change that
-/// was under way is waited for and seen.
+/// A new ticket at the end of the resource's queue, live for `$2` ms by the database's clock, and
+/// whether the resource has a live lease, read with a row lock after the ticket is in
+/// (docs/design/0004-announcements.md): from then on every change of that lease is announced, and a
+/// change that was under way is waited for and seen.
 ///
 /// Committed without waiting for the disk: the row lock is held until the commit, and a
 /// release of that lease waits for it. A ticket lost in a crash of the database loses no
 /// lease and no fence: its waiter, woken by the reconnect, tries again with the same number
 /// and is judged behind the tickets before it that remain.
 ///
-/// The acquisition goes with the ticket, for a release to grant it (docs/design/0003-handover-on-release.md), unless it
-/// has a token quota (`$3` NULL): that is counted under the token's lock, by the waiter.
+/// The acquisition goes with the ticket, for a release to grant it
+/// (docs/design/0003-handover-on-release.md), unless it has a token quota (`$3` NULL): that is
+/// counted under the token's lock, by the waiter.
 ///
-/// The ticket lives by its heartbeat (`lease_waiters.expires_at`): `$7` ms at first, never past the wait's
-/// end (`wait_until`), extended by [`BEAT`] while its waiter is alive.
+/// The ticket lives by its heartbeat (`lease_waiters.expires_at`): `$7` ms at first, never past the
+/// wait's end (`wait_until`), extended by [`BEAT`] while its waiter is alive.
 const ENQUEUE: &str = "
 WITH waiter AS (
     INSERT INTO lease_waiters (resource, wait_until, expires_at, owner, ttl_seconds, token,
@@ -662,7 +663,8 @@ FROM (SELECT ticket FROM lease_waiters
      (SELECT set_config('synchronous_commit', 'off', true)) AS no_sync
 WHERE w.ticket = beat.ticket";
 
-/// Trims each recently acquired resource's history to its newest `$1` leases (`fencelock_trim_history`).
+/// Trims each recently acquired resource's history to its newest `$1` leases
+/// (`fencelock_trim_history`).
 const TRIM_HISTORY: &str = "SELECT fencelock_trim_history($1::integer, $2::bigint)";
 
 /// Tickets of waiters that are gone without leaving the queue (their process died): skipped
@@ -1122,9 +1124,9 @@ pub fn classify_pool(e: PoolError) -> StoreError {
 }
 
 /// One range of a list page, `[$1, $2)`, at most `$3` leases. The bounds come from
-/// `ListRequest::ranges` and hold in byte order: the column's collation is "C" (the schema), so the primary key index serves the range and the order. The explicit `COLLATE "C"`
-/// repeats that for whoever reads the statement; it is the column's own, so the index still
-/// applies.
+/// `ListRequest::ranges` and hold in byte order: the column's collation is "C" (the schema), so the
+/// primary key index serves the range and the order. The explicit `COLLATE "C"` repeats that for
+/// whoever reads the statement; it is the column's own, so the index still applies.
 const LIST: &str = r#"
 SELECT resource, fence, acquired_at, expires_at, now()
 FROM leases

@@ -778,8 +778,9 @@ fn waiters_ahead(
         .map_err(classify)
 }
 
-/// A ticket at the end of the queue: it lives by its heartbeat (`lease_waiters.expires_at`), [`TICKET_LIFE`]
-/// at first, never past the wait's end, extended by [`beat`] while its waiter is alive.
+/// A ticket at the end of the queue: it lives by its heartbeat (`lease_waiters.expires_at`),
+/// [`TICKET_LIFE`] at first, never past the wait's end, extended by [`beat`] while its waiter is
+/// alive.
 fn enqueue(conn: &Connection, resource: &ResourceName, wait: Duration) -> Result<Ticket> {
     let now = now_ms();
     let until = now.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));

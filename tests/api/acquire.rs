@@ -105,10 +105,21 @@ async fn lease_is_free_once_its_expiry_has_passed(kind: StoreKind) {
     app.acquire_ok("job:1", "b", TTL).await;
 }
 
+/// Acquires `job:1` for `owner`, by the decision's own SQL, in `tx`; returns what it did (`how`).
+async fn acquire_in(tx: &tokio_postgres::Transaction<'_>, owner: &str) -> Option<String> {
+    tx.query_opt(
+        "SELECT how FROM fencelock_acquire('job:1', $1, 60, now() + interval '1 minute', NULL, NULL, 0, NULL)",
+        &[&owner],
+    )
+    .await
+    .unwrap()
+    .map(|row| row.get(0))
+}
+
 /// PostgreSQL decides expiry in SQL, on its clock as read once the decision holds the row
-/// (docs/design/0002-database-clock.md): a lease whose expiry has come (here the transaction's start, `now()`) is
-/// free, and one whose expiry is still ahead is not (ten seconds ahead of the clock: more than
-/// this transaction's next statement can take on a loaded machine).
+/// (docs/design/0002-database-clock.md): a lease whose expiry has come (here the transaction's
+/// start, `now()`) is free, and one whose expiry is still ahead is not (ten seconds ahead of the
+/// clock: more than this transaction's next statement can take on a loaded machine).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_lease_is_expired_at_its_expiry_instant() {
     let app = TestApp::spawn(StoreKind::Postgres).await;
@@ -118,16 +129,6 @@ async fn postgres_lease_is_expired_at_its_expiry_instant() {
         .unwrap();
     tokio::spawn(connection);
     let tx = client.transaction().await.unwrap();
-    // `job:1` for `owner`, by the decision's own SQL, in `tx`: what it did (`how`).
-    async fn acquire_in(tx: &tokio_postgres::Transaction<'_>, owner: &str) -> Option<String> {
-        tx.query_opt(
-            "SELECT how FROM fencelock_acquire('job:1', $1, 60, now() + interval '1 minute', NULL, NULL, 0, NULL)",
-            &[&owner],
-        )
-        .await
-        .unwrap()
-        .map(|row| row.get(0))
-    }
     tx.execute(
         "UPDATE leases SET expires_at = now() WHERE resource = 'job:1'",
         &[],

@@ -1,6 +1,7 @@
 //! PostgreSQL announces a lease change (`NOTIFY`) only while someone waits for or watches its
-//! resource (docs/design/0004-announcements.md): a notifying commit is serialised with every other notifying one,
-//! so announcing every change cost most of the database's throughput under concurrency.
+//! resource (docs/design/0004-announcements.md): a notifying commit is serialised with every other
+//! notifying one, so announcing every change cost most of the database's throughput under
+//! concurrency.
 
 use std::time::{Duration, Instant};
 

@@ -449,9 +449,9 @@ async fn a_refused_batch_is_decided_request_by_request() {
 }
 
 /// An acquisition of a lease another owner holds is answered from a plain read
-/// (docs/design/0005-what-a-decision-costs.md): it neither takes the lease's row lock nor waits for it. Here another session holds
-/// that lock; under load it is the holder's own release or renewal, which a refusal would
-/// otherwise hold up until the refusal's batch committed.
+/// (docs/design/0005-what-a-decision-costs.md): it neither takes the lease's row lock nor waits for
+/// it. Here another session holds that lock; under load it is the holder's own release or renewal,
+/// which a refusal would otherwise hold up until the refusal's batch committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_does_not_wait_for_the_row_lock() {
     let app = TestApp::spawn(StoreKind::Postgres).await;
@@ -742,13 +742,13 @@ async fn single_statements_write_history() {
     held(store.acquire(&other, in_time()).await);
 }
 
-/// A grant is stamped with the store's clock after the row lock it waited for, not at the
-/// start of its transaction (docs/design/0002-database-clock.md): B's acquisition starts, waits for the row lock of
-/// A's expired lease (a live one of another owner is refused without a lock),
-/// which another session holds, deletes and commits at `t1`; B's lease then starts
-/// no earlier than `t1`, so commit order and store time agree and the two leases do not
-/// overlap. Both paths: the group commit (`fencelock_apply`) and a quota acquisition, which
-/// is decided alone (`fencelock_acquire`).
+/// A grant is stamped with the store's clock after the row lock it waited for, not at the start of
+/// its transaction (docs/design/0002-database-clock.md): B's acquisition starts, waits for the row
+/// lock of A's expired lease (a live one of another owner is refused without a lock), which another
+/// session holds, deletes and commits at `t1`; B's lease then starts no earlier than `t1`, so
+/// commit order and store time agree and the two leases do not overlap. Both paths: the group
+/// commit (`fencelock_apply`) and a quota acquisition, which is decided alone
+/// (`fencelock_acquire`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_that_waited_for_a_row_lock_is_stamped_after_it() {
     let app = TestApp::spawn(StoreKind::Postgres).await;

@@ -1,6 +1,6 @@
 //! Group commit: acquisitions, renewals and releases that arrive together are decided by one
-//! statement (`fencelock_apply`, docs/design/0001-group-commit.md), in one transaction, with one commit and one
-//! round trip for all of them.
+//! statement (`fencelock_apply`, docs/design/0001-group-commit.md), in one transaction, with one
+//! commit and one round trip for all of them.
 //!
 //! Requests are queued, and one committer, the lead, takes them: the first request that comes
 //! and whatever else is queued at that moment (up to the batch maximum), sent as one

@@ -1,6 +1,6 @@
 //! The LISTEN session: one dedicated connection per instance that receives the changes every
-//! instance announces on `fencelock_changes` (docs/design/0004-announcements.md: grants, releases, dequeues; the
-//! payload is the resource) and passes them to this instance's wake registry.
+//! instance announces on `fencelock_changes` (docs/design/0004-announcements.md: grants, releases,
+//! dequeues; the payload is the resource) and passes them to this instance's wake registry.
 //!
 //! A notification sent while the session was down is lost, so after every (re)connect, once
 //! LISTEN is in force, everyone is woken to look again. The session reconnects with backoff
