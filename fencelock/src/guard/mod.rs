@@ -15,7 +15,10 @@
 //!    `400`).
 //! 3. In the transaction that writes, [`postgres::admit`] or [`sqlite::admit`] compares the
 //!    checked fence with the highest accepted for its key and records it: `fence >= highest`
-//!    is admitted, a lower fence is [`Admission::Stale`] and the caller writes nothing.
+//!    is admitted, a lower fence is [`Admission::Stale`] and the caller writes nothing. On
+//!    PostgreSQL this is the guard's SQL function, `fencelock_guard.admit` ([`sql`]), which
+//!    services in any language call, and which checks the token again by the keys installed
+//!    in the database.
 //!
 //! `admit` takes only a [`CheckedFence`], which only [`Guard::check`] makes, so a service
 //! cannot reach the fence comparison without the signature check, nor check a token against
