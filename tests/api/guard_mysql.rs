@@ -227,6 +227,19 @@ async fn the_printed_sql_applies_twice_and_admits_by_the_fence() {
     // Keys differ by case: each has its own fence.
     assert_eq!(admit(&mut session, "Report", "1").await, Answer::Admitted);
     assert_eq!(db.fence_of("Report").await, Some(1));
+
+    // Long keys and tokens are refused with a message MySQL can carry (128 characters),
+    // the current fence first.
+    let long_key = "'".repeat(255);
+    assert_eq!(admit(&mut session, &long_key, "5").await, Answer::Admitted);
+    let message = admit(&mut session, &long_key, "4").await.refused("FL409");
+    assert!(message.contains("the current fence is 5"), "{message}");
+    let message = admit(&mut session, "report", &"x".repeat(300))
+        .await
+        .refused("FL400");
+    assert!(message.starts_with("not a fence token"), "{message}");
+    let too_long = "k".repeat(256);
+    admit(&mut session, &too_long, "5").await.refused("FL400");
 }
 
 /// A refusal rolls the caller's transaction back, as PostgreSQL's ends it: nothing of it is

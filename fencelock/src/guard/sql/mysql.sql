@@ -121,18 +121,21 @@ BEGIN
     END LOOP;
     CLOSE installed;
 
+    -- Each refusal rolls back first, then raises a message of at most 128 characters (the
+    -- most MESSAGE_TEXT holds), what matters first.
     IF keyed AND NOT matched THEN
-        SET refusal = CONCAT('fence token refused for key ', QUOTE(LEFT(in_key, 40)), ': ',
+        ROLLBACK;
+        SET refusal = LEFT(CONCAT('fence token refused: ',
             CASE WHEN wanted IS NULL THEN 'not a fence token (<fence>.<signature>)'
                  WHEN NOT is_signed THEN 'a bare fence is not accepted once keys are installed'
-                 ELSE 'not signed by an installed key for this key' END);
-        ROLLBACK;
+                 ELSE 'not signed by an installed key for this key' END,
+            ', for key ', QUOTE(in_key)), 128);
         SIGNAL SQLSTATE 'FL403' SET MESSAGE_TEXT = refusal;
     END IF;
     IF wanted IS NULL THEN
-        SET refusal = CONCAT('not a fence token: ', IFNULL(QUOTE(LEFT(in_token, 60)), 'NULL'),
-            ' (a positive integer below 2^53, or <fence>.<signature>)');
         ROLLBACK;
+        SET refusal = LEFT(CONCAT('not a fence token (a positive integer below 2^53, or ',
+            '<fence>.<signature>): ', IFNULL(QUOTE(in_token), 'NULL')), 128);
         SIGNAL SQLSTATE 'FL400' SET MESSAGE_TEXT = refusal;
     END IF;
 
@@ -144,9 +147,9 @@ BEGIN
         ON DUPLICATE KEY UPDATE `key` = `key`;
     SELECT f.fence INTO highest FROM fencelock_guard_fences AS f WHERE f.`key` = in_key FOR UPDATE;
     IF highest > wanted THEN
-        SET refusal = CONCAT('stale fence ', wanted, ': the current fence is ', highest,
-            ', for key ', QUOTE(LEFT(in_key, 40)));
         ROLLBACK;
+        SET refusal = LEFT(CONCAT('stale fence ', wanted, ': the current fence is ', highest,
+            ', for key ', QUOTE(in_key)), 128);
         SIGNAL SQLSTATE 'FL409' SET MESSAGE_TEXT = refusal;
     END IF;
     UPDATE fencelock_guard_fences SET fence = wanted, updated_at = UTC_TIMESTAMP(6)
