@@ -8,16 +8,15 @@
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fencelock::domain::{Fence, FenceKey};
 use mysql_async::prelude::Queryable as _;
 use mysql_async::{Conn, Opts, OptsBuilder};
-use serde_json::Value;
 
-use crate::guard_sql::{guard_command, key_file};
-use crate::helpers::{client, eventually};
-use crate::process::ServerProcess;
+use crate::guard_sql::{
+    NOT_TOKENS, guard_command, key_file, on_a_thread_of_its_own, signed_lease, tampered,
+};
 
 const ADMIT: &str = "CALL fencelock_guard_admit(?, ?)";
 
@@ -133,23 +132,21 @@ impl TestMysql {
 
 impl Drop for TestMysql {
     fn drop(&mut self) {
-        let sql = format!("DROP DATABASE IF EXISTS {}", self.name);
-        // Drop runs inside the test's runtime, which cannot be blocked on.
-        let dropped = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async move {
-                    let mut session = Conn::new(server_opts()).await?;
-                    session.query_drop(sql).await?;
-                    session.disconnect().await
-                })
-        })
-        .join();
-        if let Ok(Err(e)) = dropped {
-            eprintln!("could not drop test database {}: {e}", self.name);
-        }
+        drop_from_drop(format!("DROP DATABASE IF EXISTS {}", self.name));
+    }
+}
+
+/// Runs `sql` (a `DROP`) on the server from a `Drop`, which runs inside the test's runtime
+/// and cannot block on it: on a thread and runtime of its own. A failure is only reported.
+fn drop_from_drop(sql: String) {
+    let dropping = sql.clone();
+    let dropped = on_a_thread_of_its_own(async move {
+        let mut session = Conn::new(server_opts()).await?;
+        session.query_drop(dropping).await?;
+        session.disconnect().await
+    });
+    if let Err(e) = dropped {
+        eprintln!("could not run {sql}: {e}");
     }
 }
 
@@ -196,20 +193,7 @@ async fn the_printed_sql_applies_twice_and_admits_by_the_fence() {
     assert_eq!(admit(&mut session, "report", "5").await, Answer::Admitted);
     let message = admit(&mut session, "report", "3").await.refused("FL409");
     assert!(message.contains("the current fence is 5"), "{message}");
-    for garbage in [
-        "abc",
-        "",
-        "0",
-        "05",
-        "+5",
-        " 5",
-        "5 ",
-        "5\n",
-        "5.0",
-        "9007199254740992",
-        "5.",
-        "5.aiUUz8qOOQ-xdbI2ghUN65XfxGfXvgwLUXY2UwDDRK1",
-    ] {
+    for garbage in NOT_TOKENS {
         let message = admit(&mut session, "report", garbage)
             .await
             .refused("FL400");
@@ -254,33 +238,22 @@ async fn a_refused_admit_leaves_nothing_of_its_transaction() {
         .unwrap();
     assert_eq!(admit(&mut session, "doc", "5").await, Answer::Admitted);
 
-    session.query_drop("START TRANSACTION").await.unwrap();
-    session
-        .query_drop("INSERT INTO docs VALUES ('doc', 'by fence 3')")
-        .await
-        .unwrap();
-    admit(&mut session, "doc", "3").await.refused("FL409");
-    session.query_drop("COMMIT").await.unwrap();
-    let docs: Option<i64> = session
-        .query_first("SELECT COUNT(*) FROM docs")
-        .await
-        .unwrap();
-    assert_eq!(docs, Some(0));
-    assert_eq!(db.fence_of("doc").await, Some(5));
-
-    // The same for a token refused before any fence is compared.
-    session.query_drop("START TRANSACTION").await.unwrap();
-    session
-        .query_drop("INSERT INTO docs VALUES ('doc', 'not a fence')")
-        .await
-        .unwrap();
-    admit(&mut session, "doc", "x").await.refused("FL400");
-    session.query_drop("COMMIT").await.unwrap();
-    let docs: Option<i64> = session
-        .query_first("SELECT COUNT(*) FROM docs")
-        .await
-        .unwrap();
-    assert_eq!(docs, Some(0));
+    // A stale fence, and a token refused before any fence is compared.
+    for (token, state) in [("3", "FL409"), ("x", "FL400")] {
+        session.query_drop("START TRANSACTION").await.unwrap();
+        session
+            .query_drop("INSERT INTO docs VALUES ('doc', 'written before the call')")
+            .await
+            .unwrap();
+        admit(&mut session, "doc", token).await.refused(state);
+        session.query_drop("COMMIT").await.unwrap();
+        let docs: Option<i64> = session
+            .query_first("SELECT COUNT(*) FROM docs")
+            .await
+            .unwrap();
+        assert_eq!(docs, Some(0), "after {token:?}");
+        assert_eq!(db.fence_of("doc").await, Some(5));
+    }
 
     // An admitted fence rolled back with its transaction was never admitted.
     session.query_drop("START TRANSACTION").await.unwrap();
@@ -298,21 +271,8 @@ async fn with_keys_only_the_lease_servers_token_for_its_resource_is_admitted() {
     let db = TestMysql::new().await;
     let (file, old) = key_file(db.dir.path(), "old.key");
     db.apply(&["old.key"]);
-    let server = ServerProcess::start_with(
-        None,
-        db.dir.path(),
-        &["--fence-key", file.to_str().unwrap()],
-    );
-    let answer: Value = server
-        .acquire(&client(), "ledger", "worker")
-        .await
-        .json()
-        .await
-        .unwrap();
-    let token = answer["lock"]["fence_token"]
-        .as_str()
-        .expect("a fence_token");
-    let fence = answer["lock"]["fence"].as_i64().unwrap();
+    let (token, fence) = signed_lease(db.dir.path(), &file, "ledger").await;
+    let token = token.as_str();
     let mut session = db.session().await;
 
     let message = admit(&mut session, "another", token).await.refused("FL403");
@@ -324,13 +284,7 @@ async fn with_keys_only_the_lease_servers_token_for_its_resource_is_admitted() {
         .await
         .refused("FL403");
     assert!(message.contains("bare fence"), "{message}");
-    let last = token.chars().last().unwrap();
-    let tampered = format!(
-        "{}{}",
-        &token[..token.len() - 1],
-        if last == 'A' { 'E' } else { 'A' }
-    );
-    admit(&mut session, "ledger", &tampered)
+    admit(&mut session, "ledger", &tampered(token))
         .await
         .refused("FL403");
     let signed = |key: &FenceKey, fence| key.sign("ledger", Fence::new(fence).unwrap());
@@ -437,22 +391,7 @@ impl TestMysqlUser {
 
 impl Drop for TestMysqlUser {
     fn drop(&mut self) {
-        let sql = format!("DROP USER IF EXISTS '{}'@'%'", self.name);
-        let dropped = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async move {
-                    let mut session = Conn::new(server_opts()).await?;
-                    session.query_drop(sql).await?;
-                    session.disconnect().await
-                })
-        })
-        .join();
-        if let Ok(Err(e)) = dropped {
-            eprintln!("could not drop test user {}: {e}", self.name);
-        }
+        drop_from_drop(format!("DROP USER IF EXISTS '{}'@'%'", self.name));
     }
 }
 
@@ -475,28 +414,52 @@ async fn two_transactions_on_one_key_serialize() {
         answer
     });
     let mut watcher = db.session().await;
-    eventually(
-        "the second transaction waits for the key's row",
-        Duration::from_secs(20),
-        async || {
-            let waits: Option<i64> = watcher
-                .exec_first(
-                    "SELECT COUNT(*) FROM information_schema.INNODB_TRX
-                     WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT'",
-                    (second_id,),
-                )
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while lock_waits(&mut watcher, second_id).await != 1 {
+        if Instant::now() > deadline || waiting.is_finished() {
+            let transactions: Vec<(u64, String)> = watcher
+                .query("SELECT trx_mysql_thread_id, trx_state FROM information_schema.INNODB_TRX")
                 .await
                 .unwrap();
-            waits == Some(1)
-        },
-    )
-    .await;
+            let sessions: Vec<(u64, Option<String>, Option<String>)> = watcher
+                .query("SELECT ID, STATE, INFO FROM information_schema.PROCESSLIST")
+                .await
+                .unwrap();
+            let answer = match waiting.is_finished() {
+                true => Some(waiting.await.unwrap()),
+                false => None,
+            };
+            panic!(
+                "session {second_id} was not seen waiting for the key's row: transactions \
+                 {transactions:?}, sessions {sessions:?}, its admit finished: {answer:?}"
+            );
+        }
+        tokio::time::sleep(INNODB_TRX_REFRESH).await;
+    }
     assert!(!waiting.is_finished(), "the second admit did not wait");
 
     first.query_drop("COMMIT").await.unwrap();
     let message = waiting.await.unwrap().refused("FL409");
     assert!(message.contains("the current fence is 5"), "{message}");
     assert_eq!(db.fence_of("k").await, Some(5));
+}
+
+/// How long to leave `information_schema.INNODB_TRX` unread between two looks: InnoDB
+/// refreshes the table only once it has not been read for 0.1 s (so that a join of its
+/// tables reads one version), and a faster poll would read the first version for ever.
+const INNODB_TRX_REFRESH: Duration = Duration::from_millis(150);
+
+/// Whether session `id` waits for a row lock, as InnoDB reports it.
+async fn lock_waits(watcher: &mut Conn, id: u32) -> i64 {
+    let waits: Option<i64> = watcher
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX
+             WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT'",
+            (id,),
+        )
+        .await
+        .unwrap();
+    waits.unwrap_or_default()
 }
 
 /// The MySQL example of the library's documentation (`fencelock::guard::sql`), as it is

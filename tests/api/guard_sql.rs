@@ -19,6 +19,27 @@ use crate::process::{self, ServerProcess};
 
 const ADMIT: &str = "SELECT fencelock_guard.admit($1, $2)";
 
+/// Tokens that are none (`FL400` while no key is installed), on either database: a fence
+/// must be a positive integer below 2^53 in plain decimal, a signature 43 characters of
+/// unpadded base64url that decode to 32 bytes (the last one here does not).
+pub const NOT_TOKENS: [&str; 15] = [
+    "abc",
+    "",
+    "0",
+    "05",
+    "+5",
+    "-5",
+    " 5",
+    "5 ",
+    "5\n",
+    "5.0",
+    "1e3",
+    "9007199254740992",
+    "5.",
+    "5.abc",
+    "5.aiUUz8qOOQ-xdbI2ghUN65XfxGfXvgwLUXY2UwDDRK1",
+];
+
 /// `fencelock guard ARGS...`, run to its end in `dir`: its stdout.
 pub fn guard_command(dir: &Path, args: &[&str]) -> String {
     let args: Vec<&str> = ["guard"].iter().chain(args).copied().collect();
@@ -31,6 +52,27 @@ pub fn key_file(dir: &Path, name: &str) -> (PathBuf, FenceKey) {
     std::fs::write(&path, rand::random::<[u8; 32]>()).unwrap();
     let key = FenceKey::read(&path).unwrap();
     (path, key)
+}
+
+/// The `fence_token` and fence of a lease on `resource` from a lease server started (in
+/// `dir`, on SQLite) with `--fence-key key_file`.
+pub async fn signed_lease(dir: &Path, key_file: &Path, resource: &str) -> (String, i64) {
+    let server = ServerProcess::start_with(None, dir, &["--fence-key", key_file.to_str().unwrap()]);
+    let answer: Value = server
+        .acquire(&client(), resource, "worker")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let lock = &answer["lock"];
+    let token = lock["fence_token"].as_str().expect("a fence_token");
+    (token.to_owned(), lock["fence"].as_i64().unwrap())
+}
+
+/// `token` with the last character of its signature changed, still well-formed.
+pub fn tampered(token: &str) -> String {
+    let (kept, last) = token.split_at(token.len() - 1);
+    format!("{kept}{}", if last == "A" { 'E' } else { 'A' })
 }
 
 /// A fresh database, a session on it, and a scratch folder for key files.
@@ -87,6 +129,11 @@ impl Guarded {
             .await
             .unwrap();
         row.map(|row| row.get(0))
+    }
+
+    async fn rows(&self, table: &str) -> i64 {
+        let sql = format!("SELECT count(*) FROM {table}");
+        self.session.query_one(&sql, &[]).await.unwrap().get(0)
     }
 
     async fn installed_keys(&self) -> Vec<Vec<u8>> {
@@ -158,22 +205,7 @@ async fn the_printed_sql_applies_twice_and_admits_by_the_fence() {
     let (message, detail) = admit(session, "report", "3").await.refused("FL409");
     assert!(message.contains("the current fence is 5"), "{message}");
     assert_eq!(detail.as_deref(), Some("5"));
-    for garbage in [
-        "abc",
-        "",
-        "0",
-        "05",
-        "+5",
-        "-5",
-        " 5",
-        "5\n",
-        "5.0",
-        "1e3",
-        "9007199254740992",
-        "5.",
-        "5.abc",
-        "5.aiUUz8qOOQ-xdbI2ghUN65XfxGfXvgwLUXY2UwDDRK1",
-    ] {
+    for garbage in NOT_TOKENS {
         let (message, _) = admit(session, "report", garbage).await.refused("FL400");
         assert!(message.starts_with("not a fence token"), "{message}");
     }
@@ -222,13 +254,7 @@ async fn a_refused_admit_leaves_nothing_of_its_transaction() {
     admit(&tx, "doc", "3").await.refused("FL409");
     // PostgreSQL answers COMMIT in an aborted transaction with ROLLBACK.
     tx.commit().await.unwrap();
-    let docs: i64 = guarded
-        .session
-        .query_one("SELECT count(*) FROM docs", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(docs, 0);
+    assert_eq!(guarded.rows("docs").await, 0);
     assert_eq!(guarded.fence_of("doc").await, Some(5));
 
     // An admitted fence rolled back with its transaction was never admitted.
@@ -312,20 +338,8 @@ async fn with_keys_only_the_lease_servers_token_for_its_resource_is_admitted() {
     let (file, key) = key_file(guarded.dir.path(), "fence.key");
     guarded.apply(&["fence.key"]).await;
     guarded.apply(&["fence.key"]).await;
-    let server = ServerProcess::start_with(
-        None,
-        guarded.dir.path(),
-        &["--fence-key", file.to_str().unwrap()],
-    );
-    let answer: Value = server
-        .acquire(&client(), "ledger", "worker")
-        .await
-        .json()
-        .await
-        .unwrap();
-    let lock = &answer["lock"];
-    let token = lock["fence_token"].as_str().expect("a fence_token");
-    let fence = lock["fence"].as_i64().unwrap();
+    let (token, fence) = signed_lease(guarded.dir.path(), &file, "ledger").await;
+    let token = token.as_str();
     let session = &guarded.session;
 
     let (message, _) = admit(session, "another", token).await.refused("FL403");
@@ -337,14 +351,9 @@ async fn with_keys_only_the_lease_servers_token_for_its_resource_is_admitted() {
         .await
         .refused("FL403");
     assert!(message.contains("bare fence"), "{message}");
-    // One character of the signature changed (and still well-formed).
-    let last = token.chars().last().unwrap();
-    let tampered = format!(
-        "{}{}",
-        &token[..token.len() - 1],
-        if last == 'A' { 'E' } else { 'A' }
-    );
-    admit(session, "ledger", &tampered).await.refused("FL403");
+    admit(session, "ledger", &tampered(token))
+        .await
+        .refused("FL403");
     let forged = FenceKey::from_bytes(vec![1; 32])
         .unwrap()
         .sign("ledger", Fence::new(fence).unwrap());
@@ -447,29 +456,37 @@ impl TestRole {
 impl Drop for TestRole {
     fn drop(&mut self) {
         let (name, database) = (self.name.clone(), self.database.clone());
-        // Drop runs inside the test's runtime, which cannot be blocked on.
-        let dropped = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async move {
-                    // What the role was granted in the test's database goes first.
-                    pg_connect(&database)
-                        .await
-                        .batch_execute(&format!("DROP OWNED BY {name}"))
-                        .await?;
-                    admin()
-                        .await
-                        .batch_execute(&format!("DROP ROLE IF EXISTS {name}"))
-                        .await
-                })
-        })
-        .join();
-        if let Ok(Err(e)) = dropped {
+        let dropped = on_a_thread_of_its_own(async move {
+            // What the role was granted in the test's database goes first.
+            pg_connect(&database)
+                .await
+                .batch_execute(&format!("DROP OWNED BY {name}"))
+                .await?;
+            admin()
+                .await
+                .batch_execute(&format!("DROP ROLE IF EXISTS {name}"))
+                .await
+        });
+        if let Err(e) = dropped {
             eprintln!("could not drop test role {}: {e}", self.name);
         }
     }
+}
+
+/// Runs `work` to its end on a thread and runtime of its own: for a `Drop`, which runs
+/// inside the test's runtime and cannot block on it. A panic there is passed on.
+pub fn on_a_thread_of_its_own<T: Send + 'static>(
+    work: impl Future<Output = T> + Send + 'static,
+) -> T {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(work)
+    })
+    .join()
+    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 /// Two transactions admitting fences for one key: the second waits inside PostgreSQL for
@@ -612,13 +629,7 @@ async fn the_rust_guard_admits_through_the_sql_function() {
     let admission = guard::postgres::admit(&tx, &checked("6"), rust.metrics()).await;
     assert_eq!(admission.unwrap(), Admission::Admitted);
     tx.commit().await.unwrap();
-    let logged: i64 = guarded
-        .session
-        .query_one("SELECT count(*) FROM log", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(logged, 1);
+    assert_eq!(guarded.rows("log").await, 1);
     assert_eq!(guarded.fence_of("doc").await, Some(6));
     admit(&guarded.session, "doc", "5").await.refused("FL409");
 
