@@ -35,7 +35,6 @@
 //! the statements that make them the installed keys.
 
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
 
 use sha2::{Digest as _, Sha256};
 
@@ -78,15 +77,17 @@ pub fn postgres(keys: &FenceKeys) -> String {
     if secrets.is_empty() {
         script.push_str(KEYS_UNTOUCHED);
     } else {
-        let literal = |hex: &String| format!("(decode('{hex}', 'hex'))");
-        script.push_str(KEYS_REPLACED);
-        let _ = write!(
-            script,
-            "INSERT INTO fencelock_guard.fence_keys (secret)\n    VALUES {}\n    ON CONFLICT (secret) DO NOTHING;\n\
-             DELETE FROM fencelock_guard.fence_keys\n    WHERE secret NOT IN ({});\n",
-            join(&secrets, literal, ",\n           "),
-            join(&secrets, |hex| format!("decode('{hex}', 'hex')"), ", "),
+        let values = join(
+            &secrets,
+            |hex| format!("(decode('{hex}', 'hex'))"),
+            ",\n           ",
         );
+        let kept = join(&secrets, |hex| format!("decode('{hex}', 'hex')"), ", ");
+        script.push_str(KEYS_REPLACED);
+        script.push_str(&format!(
+            "INSERT INTO fencelock_guard.fence_keys (secret)\n    VALUES {values}\n    ON CONFLICT (secret) DO NOTHING;\n\
+             DELETE FROM fencelock_guard.fence_keys\n    WHERE secret NOT IN ({kept});\n"
+        ));
     }
     script.push_str("\nCOMMIT;\n");
     script
@@ -110,20 +111,19 @@ pub fn mysql(keys: &FenceKeys) -> String {
     if secrets.is_empty() {
         script.push_str(KEYS_UNTOUCHED);
     } else {
-        script.push_str(KEYS_REPLACED);
-        let _ = write!(
-            script,
-            "START TRANSACTION;\n\
-             INSERT INTO fencelock_guard_fence_keys (secret, added_at)\n    VALUES {}\n    ON DUPLICATE KEY UPDATE secret = secret;\n\
-             DELETE FROM fencelock_guard_fence_keys\n    WHERE secret NOT IN ({});\n\
-             COMMIT;\n",
-            join(
-                &secrets,
-                |hex| format!("(X'{hex}', UTC_TIMESTAMP(6))"),
-                ",\n           "
-            ),
-            join(&secrets, |hex| format!("X'{hex}'"), ", "),
+        let values = join(
+            &secrets,
+            |hex| format!("(X'{hex}', UTC_TIMESTAMP(6))"),
+            ",\n           ",
         );
+        let kept = join(&secrets, |hex| format!("X'{hex}'"), ", ");
+        script.push_str(KEYS_REPLACED);
+        script.push_str(&format!(
+            "START TRANSACTION;\n\
+             INSERT INTO fencelock_guard_fence_keys (secret, added_at)\n    VALUES {values}\n    ON DUPLICATE KEY UPDATE secret = secret;\n\
+             DELETE FROM fencelock_guard_fence_keys\n    WHERE secret NOT IN ({kept});\n\
+             COMMIT;\n"
+        ));
     }
     script
 }
@@ -146,6 +146,7 @@ fn hex_secrets(keys: &FenceKeys, stored: impl Fn(&[u8]) -> Vec<u8>) -> Vec<Strin
     unique.into_iter().collect()
 }
 
+/// The `literal` of each secret, joined by `separator`.
 fn join(secrets: &[String], literal: impl Fn(&String) -> String, separator: &str) -> String {
     secrets
         .iter()
