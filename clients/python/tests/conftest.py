@@ -150,6 +150,14 @@ def set_connections(database_url: str, allowed: bool) -> None:
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
 
 
+def expire_in_store(database_url: str, resource: str) -> None:
+    """Makes the lease on `resource` expire a second ago by the PostgreSQL store's own
+    clock, without waiting for it (the way the server's own tests age a lease)."""
+    with psycopg.connect(database_url, autocommit=True) as store:
+        aged = store.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE resource = %s", (resource,))
+        assert aged.rowcount == 1, f"no lease on {resource} to expire"
+
+
 @pytest.fixture
 def tokens(tmp_path: Path) -> Callable[..., tuple[Path, list[str]]]:
     """Writes an auth file of the given `[[tokens]]` (each a dict of `name`, `prefixes`,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import LeaseServer, StartServer, set_connections
+from conftest import LeaseServer, StartServer, expire_in_store, set_connections
 
 from fencelock import (
     Client,
@@ -102,16 +102,16 @@ def test_a_lease_not_renewed_is_lost_before_another_owner_can_have_it(server: Le
         assert lost.value.reason == "unconfirmed"
 
 
-def test_a_refused_renewal_signals_the_loss_at_once(server: LeaseServer) -> None:
+def test_a_refused_renewal_signals_the_loss_at_once(start_server: StartServer, database: str) -> None:
+    server = start_server(database_url=database)
     with Client(server.url) as client, client.lease("job:refused", 3) as lease:
-        # The lease is released behind the holder's back (with its secret owner token):
-        # the next renewal, within a second, is refused with 404.
-        gone = httpx.request("DELETE", f"{server.url}/locks/job:refused", json={"owner": lease._owner})
-        assert gone.status_code == 204
+        # The lease expires in the store (as after a pause): the next renewal, within a
+        # second, is refused with 409 lease-expired, long before the local deadline.
+        expire_in_store(database, "job:refused")
         assert lease.lost.wait(1.5)
         with pytest.raises(LeaseLost) as lost:
             lease.check()
-        assert lost.value.reason == "not-found"
+        assert lost.value.reason == "lease-expired"
 
 
 def test_release_frees_the_resource(server: LeaseServer) -> None:
