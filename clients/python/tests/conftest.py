@@ -150,6 +150,18 @@ def set_connections(database_url: str, allowed: bool) -> None:
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
 
 
+def install_guard(database_url: str, *fence_keys: Path) -> None:
+    """`fencelock guard install`, as an operator runs it; then the protected table of the
+    tests and of the story in docs/client.md."""
+    keys = [arg for key in fence_keys for arg in ("--fence-key", str(key))]
+    installed = subprocess.run(
+        [str(binary()), "guard", "install", "--database-url", database_url, *keys], capture_output=True, text=True
+    )
+    assert installed.returncode == 0, f"fencelock guard install failed:\n{installed.stderr}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE reports (id text PRIMARY KEY, body text NOT NULL, fence bigint NOT NULL)")
+
+
 def expire_in_store(database_url: str, resource: str) -> None:
     """Makes the lease on `resource` expire a second ago by the PostgreSQL store's own
     clock, without waiting for it (the way the server's own tests age a lease)."""

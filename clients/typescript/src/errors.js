@@ -84,9 +84,10 @@ export class StaleFenceError extends FencelockError {
    * @param {string} key
    * @param {number | null} current
    * @param {string} [message]
+   * @param {ErrorOptions} [options]
    */
-  constructor(key, current, message = "") {
-    super(message || `stale fence for ${JSON.stringify(key)}; the current fence is ${current}`);
+  constructor(key, current, message = "", options = undefined) {
+    super(message || `stale fence for ${JSON.stringify(key)}; the current fence is ${current}`, options);
     /** @readonly */ this.key = key;
     /** @readonly */ this.current = current;
   }

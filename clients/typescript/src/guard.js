@@ -47,8 +47,7 @@ function refusal(error, key) {
       // The guard puts the current fence in DETAIL; its message names it too.
       const detail = "detail" in error && typeof error.detail === "string" ? error.detail : "";
       const digits = /^\d+$/.test(detail) ? detail : /current fence is (\d+)/.exec(error.message)?.[1];
-      const stale = new StaleFenceError(key, digits ? Number(digits) : null, error.message);
-      return Object.assign(stale, { cause: error });
+      return new StaleFenceError(key, digits ? Number(digits) : null, error.message, options);
     }
     case "FL403":
       return new InvalidFenceTokenError(error.message, options);

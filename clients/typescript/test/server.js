@@ -4,7 +4,7 @@
 // temporary directory or on fresh PostgreSQL databases, and kills them (by their own process)
 // at its end. A missing binary or an unreachable PostgreSQL fails the tests.
 
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -19,7 +19,7 @@ const START_TIMEOUT_MS = 60_000;
 const ADMIN_URL = process.env.FENCELOCK_TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
 
 /** The server binary; a missing one fails the test, saying how to build it. */
-function binary() {
+export function binary() {
   const path = process.env.FENCELOCK_BIN || join(REPOSITORY, "target/debug/fencelock");
   if (!existsSync(path)) {
     throw new Error(`no lease server binary at ${path}: build it with \`cargo build -p fencelock-server --bin fencelock\`, or set FENCELOCK_BIN`);
@@ -110,6 +110,7 @@ export class Scratch {
   dir = mkdtempSync(join(tmpdir(), "fencelock-client-ts-"));
   /** @type {LeaseServer[]} */ #servers = [];
   /** @type {string[]} */ #databases = [];
+  /** @type {pg.Client[]} */ #connections = [];
 
   /**
    * A lease server on a SQLite file of its own (or on `databaseUrl`), with more `flags`.
@@ -131,6 +132,17 @@ export class Scratch {
     const url = new URL(ADMIN_URL);
     url.pathname = `/${name}`;
     return url.toString();
+  }
+
+  /**
+   * A connection to `databaseUrl`, closed by `close()` before its database is dropped.
+   * @param {string} databaseUrl
+   */
+  async connect(databaseUrl) {
+    const client = new pg.Client({ connectionString: databaseUrl });
+    await client.connect();
+    this.#connections.push(client);
+    return client;
   }
 
   /**
@@ -156,6 +168,7 @@ export class Scratch {
   }
 
   async close() {
+    await Promise.all(this.#connections.map((client) => client.end()));
     await Promise.all(this.#servers.map((server) => server.kill()));
     for (const name of this.#databases) {
       await admin((client) => client.query(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`));
@@ -176,6 +189,24 @@ export async function setConnections(databaseUrl, allowed) {
     await client.query(`ALTER DATABASE "${name}" ALLOW_CONNECTIONS ${allowed}`);
     if (!allowed) await client.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", [name]);
   });
+}
+
+/**
+ * `fencelock guard install` into `databaseUrl`, as an operator runs it; then the protected
+ * table of the tests and of the story in docs/client.md.
+ * @param {string} databaseUrl
+ * @param {string[]} [fenceKeys]
+ */
+export async function installGuard(databaseUrl, fenceKeys = []) {
+  const keys = fenceKeys.flatMap((key) => ["--fence-key", key]);
+  execFileSync(binary(), ["guard", "install", "--database-url", databaseUrl, ...keys], { stdio: "pipe" });
+  const client = new pg.Client({ connectionString: databaseUrl });
+  await client.connect();
+  try {
+    await client.query("CREATE TABLE reports (id text PRIMARY KEY, body text NOT NULL, fence bigint NOT NULL)");
+  } finally {
+    await client.end();
+  }
 }
 
 /**

@@ -57,8 +57,9 @@ export class StaleFenceError extends FencelockError {
      * @param {string} key
      * @param {number | null} current
      * @param {string} [message]
+     * @param {ErrorOptions} [options]
      */
-    constructor(key: string, current: number | null, message?: string);
+    constructor(key: string, current: number | null, message?: string, options?: ErrorOptions);
     /** @readonly */ readonly key: string;
     /** @readonly */ readonly current: number | null;
 }
