@@ -10,6 +10,7 @@ from .aio import AsyncClient, AsyncLease
 from .client import Client, Lease
 from .errors import (
     FencelockError,
+    FencingTokenRequired,
     Forbidden,
     InvalidFenceToken,
     LeaseLost,
@@ -27,6 +28,7 @@ __all__ = [
     "AsyncLease",
     "Client",
     "FencelockError",
+    "FencingTokenRequired",
     "Forbidden",
     "InvalidFenceToken",
     "Lease",

@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
-from ._protocol import Grant
+from . import _protocol as wire
 from ._timing import Term
 from .errors import LeaseLost
 
@@ -32,7 +33,7 @@ class LeaseBase:
     """What to send as `Fencing-Token` with every protected write: the signed token when the
     server signs fences (`--fence-key`), else the fence as text."""
 
-    def __init__(self, resource: str, owner: str, ttl_seconds: int, grant: Grant, sent: float) -> None:
+    def __init__(self, resource: str, owner: str, ttl_seconds: int, grant: wire.Grant, sent: float) -> None:
         self.resource = resource
         self.fence = grant.fence
         self.fence_token = grant.fence_token
@@ -76,7 +77,7 @@ class LeaseBase:
                 return (UNCONFIRMED, self._last_error)
             return self._loss
 
-    def _confirm(self, sent: float, grant: Grant) -> Term | None:
+    def _confirm(self, sent: float, grant: wire.Grant) -> Term | None:
         """Records a confirmed renewal sent at `sent`; `None` if the lease is lost already
         (a loss is final, whatever answers arrive after it). Of two renewals, the later
         deadline counts: the server extends from when each arrives."""
@@ -88,9 +89,35 @@ class LeaseBase:
                 self._term = term
             return self._term
 
-    def _failed(self, error: Exception) -> None:
+    def _renew_request(self) -> tuple[str, dict[str, Any]]:
+        return wire.lock_path(self.resource, "/renew"), wire.renew_body(self._owner, self._ttl_seconds, self.fence)
+
+    def _renewed(self, sent: float, answer: wire.Answer) -> bool:
+        """Records the answer to a renewal sent at `sent`: True when it extended the lease
+        (re-arm the deadline); `LeaseLost`, the lease marked lost, when it was refused."""
+        try:
+            grant = wire.read_renew(answer, self.resource, self.fence)
+        except LeaseLost as loss:
+            self._lose(loss.reason, str(loss))
+            raise
+        return self._confirm(sent, grant) is not None
+
+    def _renewal_failed(self, term: Term, failures: int, error: Exception) -> float:
+        """Records the failure of a background renewal; returns when to try again."""
         with self._guard:
             self._last_error = str(error)
+        log.warning("renewal of %s failed (%d in a row), retrying: %s", self.resource, failures, error)
+        return term.retry_at(failures, time.monotonic(), getattr(error, "retry_after", None))
+
+    def _release_call(self) -> Release | None:
+        """The release to make; `None` if released already, `LeaseLost` if lost."""
+        known = self._loss_now()
+        if known is not None and known[0] == RELEASED:
+            return None
+        if known is not None:
+            self._lose(*known)
+            raise LeaseLost(self.resource, *known)
+        return Release(self)
 
     def _lose(self, reason: str, detail: str = "") -> bool:
         """Marks the lease lost (or released) once; True for the call that did. The
@@ -116,3 +143,25 @@ class LeaseBase:
         # Never the owner: it is the holder's secret.
         state = self._loss[0] if self._loss else "held"
         return f"<{type(self).__name__} {self.resource!r} fence={self.fence} {state}>"
+
+
+class Release:
+    """One release call, naming the lease's fence so that it can never free a newer lease.
+    A `404` after an attempt whose answer was lost means that attempt released it."""
+
+    def __init__(self, lease: LeaseBase) -> None:
+        self._lease = lease
+        self._attempts = 0
+
+    def request(self) -> tuple[str, dict[str, Any]]:
+        self._attempts += 1
+        return wire.lock_path(self._lease.resource), wire.release_body(self._lease._owner, self._lease.fence)
+
+    def read(self, answer: wire.Answer) -> None:
+        try:
+            wire.read_release(answer, self._lease.resource)
+        except LeaseLost as loss:
+            if self._attempts > 1 and loss.reason == "not-found":
+                return
+            self._lease._lose(loss.reason)
+            raise

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import httpx
 
 from . import _protocol as wire
+from ._base import Acquisition, ClientBase, Granted
 from ._lease import RELEASED, UNCONFIRMED, LeaseBase, log
 from ._timing import RetryPolicy
 from .errors import FencelockError, LeaseLost, NotAcquired, Unavailable
@@ -20,7 +21,7 @@ from .errors import FencelockError, LeaseLost, NotAcquired, Unavailable
 T = TypeVar("T")
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """`Client` for asyncio: the same arguments and rules, every call awaited. Close it with
     `await client.aclose()` (or use `async with`)."""
 
@@ -32,10 +33,8 @@ class AsyncClient:
         timeout: float = 10.0,
         retry: RetryPolicy | None = None,
     ) -> None:
-        headers = {"authorization": f"Bearer {token}"} if token is not None else {}
-        self._timeout = timeout
-        self._retry = retry or RetryPolicy()
-        self._http = httpx.AsyncClient(base_url=wire.base_url(url), headers=headers, timeout=timeout)
+        super().__init__(url, token=token, timeout=timeout, retry=retry)
+        self._http = httpx.AsyncClient(base_url=self._base_url, headers=self._headers, timeout=timeout)
 
     async def acquire(
         self,
@@ -46,10 +45,10 @@ class AsyncClient:
         lock_delay_ms: int | None = None,
     ) -> AsyncLease | None:
         """See `Client.acquire`: the lease (not renewed by itself), or `None` when held."""
-        granted = await self._acquire(resource, ttl_seconds, wait_ms, lock_delay_ms)
+        granted = await self._acquire(Acquisition(resource, ttl_seconds, wait_ms, lock_delay_ms))
         if isinstance(granted, NotAcquired):
             return None
-        return AsyncLease(self, resource, ttl_seconds, *granted, renewing=False)
+        return AsyncLease(self, resource, ttl_seconds, granted, renewing=False)
 
     @contextlib.asynccontextmanager
     async def lease(
@@ -63,10 +62,10 @@ class AsyncClient:
         """`async with client.lease("job:42", 30) as lease:` acquires (raising
         `NotAcquired` when held), renews in a background task, releases at the end. A loss
         sets `lease.lost`; it never raises on its own, nor when the block is left."""
-        granted = await self._acquire(resource, ttl_seconds, wait_ms, lock_delay_ms)
+        granted = await self._acquire(Acquisition(resource, ttl_seconds, wait_ms, lock_delay_ms))
         if isinstance(granted, NotAcquired):
             raise granted
-        async with AsyncLease(self, resource, ttl_seconds, *granted, renewing=True) as lease:
+        async with AsyncLease(self, resource, ttl_seconds, granted, renewing=True) as lease:
             yield lease
 
     async def aclose(self) -> None:
@@ -78,23 +77,12 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _acquire(
-        self, resource: str, ttl_seconds: int, wait_ms: int, lock_delay_ms: int | None
-    ) -> tuple[str, wire.Grant, float] | NotAcquired:
-        owner = wire.new_owner()
-        path = wire.lock_path(resource)
-        wait_until = time.monotonic() + wait_ms / 1000
+    async def _acquire(self, call: Acquisition) -> Granted | NotAcquired:
+        async def attempt() -> Granted | NotAcquired:
+            body, wait = call.request()
+            return call.read(await self._send("POST", call.path, body, wait=wait))
 
-        async def attempt() -> tuple[str, wire.Grant, float] | NotAcquired:
-            # A retry after an outage waits only for what is left of the wait.
-            wait = max(round((wait_until - time.monotonic()) * 1000), 0) if wait_ms else 0
-            sent = time.monotonic()
-            body = wire.acquire_body(owner, ttl_seconds, wait, lock_delay_ms)
-            answer = await self._send("POST", path, body, wait=wait / 1000)
-            granted = wire.read_acquire(answer, resource)
-            return granted if isinstance(granted, NotAcquired) else (owner, granted, sent)
-
-        return await self._retrying(attempt, extra=wait_ms / 1000)
+        return await self._retrying(attempt, extra=call.extra)
 
     async def _retrying(
         self, attempt: Callable[[], Awaitable[T]], *, until: float | None = None, extra: float = 0.0
@@ -108,15 +96,13 @@ class AsyncClient:
                 pause = retries.pause(error.retry_after)
                 if pause is None:
                     raise
-                log.debug("retrying in %.3f s: %s", pause, error)
                 await asyncio.sleep(pause)
 
     async def _send(
         self, method: str, path: str, body: dict[str, Any], *, wait: float = 0.0, timeout: float | None = None
     ) -> wire.Answer:
-        limit = self._timeout if timeout is None else min(timeout, self._timeout)
         try:
-            response = await self._http.request(method, path, json=body, timeout=httpx.Timeout(limit, read=limit + wait))
+            response = await self._http.request(method, path, json=body, timeout=self._limits(wait, timeout))
         except httpx.HTTPError as error:
             raise wire.transport(error) from error
         return wire.Answer(response.status_code, response.content, response.headers)
@@ -129,17 +115,9 @@ class AsyncLease(LeaseBase):
     lost: asyncio.Event
 
     def __init__(
-        self,
-        client: AsyncClient,
-        resource: str,
-        ttl_seconds: int,
-        owner: str,
-        grant: wire.Grant,
-        sent: float,
-        *,
-        renewing: bool,
+        self, client: AsyncClient, resource: str, ttl_seconds: int, granted: Granted, *, renewing: bool
     ) -> None:
-        super().__init__(resource, owner, ttl_seconds, grant, sent)
+        super().__init__(resource, granted.owner, ttl_seconds, granted.grant, granted.sent)
         self.lost = asyncio.Event()
         self._client = client
         self._loop = asyncio.get_running_loop()
@@ -158,31 +136,15 @@ class AsyncLease(LeaseBase):
     async def release(self) -> None:
         """See `Lease.release`."""
         await self._stop_renewing()
-        known = self._loss_now()
-        if known is not None and known[0] == RELEASED:
+        call = self._release_call()
+        if call is None:
             return
-        if known is not None:
-            self._lose(*known)
-            raise LeaseLost(self.resource, *known)
-        path = wire.lock_path(self.resource)
-        attempts = 0
 
         async def attempt() -> None:
-            nonlocal attempts
-            attempts += 1
-            answer = await self._client._send("DELETE", path, wire.release_body(self._owner, self.fence))
-            try:
-                wire.read_release(answer, self.resource)
-            except LeaseLost as loss:
-                # A 404 after an attempt whose answer was lost: that attempt released it.
-                if not (attempts > 1 and loss.reason == "not-found"):
-                    raise
+            call.read(await self._client._send("DELETE", *call.request()))
 
         try:
             await self._client._retrying(attempt, until=self._term_now.safe_until)
-        except LeaseLost as loss:
-            self._lose(loss.reason)
-            raise
         finally:
             self._lose(RELEASED)
 
@@ -201,14 +163,7 @@ class AsyncLease(LeaseBase):
 
     async def _renew_once(self, timeout: float | None) -> None:
         sent = time.monotonic()
-        body = wire.renew_body(self._owner, self._ttl_seconds, self.fence)
-        answer = await self._client._send("POST", wire.lock_path(self.resource, "/renew"), body, timeout=timeout)
-        try:
-            grant = wire.read_renew(answer, self.resource, self.fence)
-        except LeaseLost as loss:
-            self._lose(loss.reason, str(loss))
-            raise
-        if self._confirm(sent, grant) is not None:
+        if self._renewed(sent, await self._client._send("POST", *self._renew_request(), timeout=timeout)):
             self._arm_deadline()
 
     async def _keep_alive(self) -> None:
@@ -227,9 +182,7 @@ class AsyncLease(LeaseBase):
                     return
                 except FencelockError as error:
                     failures += 1
-                    self._failed(error)
-                    wake = term.retry_at(failures, time.monotonic(), getattr(error, "retry_after", None))
-                    log.warning("renewal of %s failed (%d in a row), retrying: %s", self.resource, failures, error)
+                    wake = self._renewal_failed(term, failures, error)
                 else:
                     failures = 0
                     wake = self._term_now.renew_at

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import httpx
 
 from . import _protocol as wire
+from ._base import Acquisition, ClientBase, Granted
 from ._lease import RELEASED, UNCONFIRMED, LeaseBase, log
 from ._timing import RetryPolicy
 from .errors import FencelockError, LeaseLost, NotAcquired, Unavailable
@@ -19,7 +20,7 @@ from .errors import FencelockError, LeaseLost, NotAcquired, Unavailable
 T = TypeVar("T")
 
 
-class Client:
+class Client(ClientBase):
     """A client of one fencelock server (or of a load balancer before several sharing a
     store). Thread-safe; close it (or use `with`) to free its connections.
 
@@ -36,10 +37,8 @@ class Client:
         timeout: float = 10.0,
         retry: RetryPolicy | None = None,
     ) -> None:
-        headers = {"authorization": f"Bearer {token}"} if token is not None else {}
-        self._timeout = timeout
-        self._retry = retry or RetryPolicy()
-        self._http = httpx.Client(base_url=wire.base_url(url), headers=headers, timeout=timeout)
+        super().__init__(url, token=token, timeout=timeout, retry=retry)
+        self._http = httpx.Client(base_url=self._base_url, headers=self._headers, timeout=timeout)
 
     def acquire(
         self,
@@ -54,10 +53,10 @@ class Client:
         waits, first come first served). The lease is *not* renewed by itself: call
         `renew()` in time, or use `lease()`. Outages are retried under the client's policy
         with the same owner (a re-acquire), then raise `Unavailable`."""
-        granted = self._acquire(resource, ttl_seconds, wait_ms, lock_delay_ms)
+        granted = self._acquire(Acquisition(resource, ttl_seconds, wait_ms, lock_delay_ms))
         if isinstance(granted, NotAcquired):
             return None
-        return Lease(self, resource, ttl_seconds, *granted, renewing=False)
+        return Lease(self, resource, ttl_seconds, granted, renewing=False)
 
     @contextlib.contextmanager
     def lease(
@@ -72,10 +71,10 @@ class Client:
         held), renews every third of the TTL on a background thread while the block runs,
         and releases at its end. A loss sets `lease.lost` and makes `lease.check()` raise;
         it never raises on its own, and leaving the block after it raises nothing."""
-        granted = self._acquire(resource, ttl_seconds, wait_ms, lock_delay_ms)
+        granted = self._acquire(Acquisition(resource, ttl_seconds, wait_ms, lock_delay_ms))
         if isinstance(granted, NotAcquired):
             raise granted
-        with Lease(self, resource, ttl_seconds, *granted, renewing=True) as lease:
+        with Lease(self, resource, ttl_seconds, granted, renewing=True) as lease:
             yield lease
 
     def close(self) -> None:
@@ -87,23 +86,12 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _acquire(
-        self, resource: str, ttl_seconds: int, wait_ms: int, lock_delay_ms: int | None
-    ) -> tuple[str, wire.Grant, float] | NotAcquired:
-        owner = wire.new_owner()
-        path = wire.lock_path(resource)
-        wait_until = time.monotonic() + wait_ms / 1000
+    def _acquire(self, call: Acquisition) -> Granted | NotAcquired:
+        def attempt() -> Granted | NotAcquired:
+            body, wait = call.request()
+            return call.read(self._send("POST", call.path, body, wait=wait))
 
-        def attempt() -> tuple[str, wire.Grant, float] | NotAcquired:
-            # A retry after an outage waits only for what is left of the wait.
-            wait = max(round((wait_until - time.monotonic()) * 1000), 0) if wait_ms else 0
-            sent = time.monotonic()
-            body = wire.acquire_body(owner, ttl_seconds, wait, lock_delay_ms)
-            answer = self._send("POST", path, body, wait=wait / 1000)
-            granted = wire.read_acquire(answer, resource)
-            return granted if isinstance(granted, NotAcquired) else (owner, granted, sent)
-
-        return self._retrying(attempt, extra=wait_ms / 1000)
+        return self._retrying(attempt, extra=call.extra)
 
     def _retrying(self, attempt: Callable[[], T], *, until: float | None = None, extra: float = 0.0) -> T:
         """Runs `attempt`, retrying `Unavailable` under the policy (and never past `until`)."""
@@ -115,13 +103,13 @@ class Client:
                 pause = retries.pause(error.retry_after)
                 if pause is None:
                     raise
-                log.debug("retrying in %.3f s: %s", pause, error)
                 time.sleep(pause)
 
-    def _send(self, method: str, path: str, body: dict[str, Any], *, wait: float = 0.0, timeout: float | None = None) -> wire.Answer:
-        limit = self._timeout if timeout is None else min(timeout, self._timeout)
+    def _send(
+        self, method: str, path: str, body: dict[str, Any], *, wait: float = 0.0, timeout: float | None = None
+    ) -> wire.Answer:
         try:
-            response = self._http.request(method, path, json=body, timeout=httpx.Timeout(limit, read=limit + wait))
+            response = self._http.request(method, path, json=body, timeout=self._limits(wait, timeout))
         except httpx.HTTPError as error:
             raise wire.transport(error) from error
         return wire.Answer(response.status_code, response.content, response.headers)
@@ -141,10 +129,8 @@ class Lease(LeaseBase):
 
     lost: threading.Event
 
-    def __init__(
-        self, client: Client, resource: str, ttl_seconds: int, owner: str, grant: wire.Grant, sent: float, *, renewing: bool
-    ) -> None:
-        super().__init__(resource, owner, ttl_seconds, grant, sent)
+    def __init__(self, client: Client, resource: str, ttl_seconds: int, granted: Granted, *, renewing: bool) -> None:
+        super().__init__(resource, granted.owner, ttl_seconds, granted.grant, granted.sent)
         self.lost = threading.Event()
         self._client = client
         self._deadline: threading.Timer | None = None
@@ -169,31 +155,13 @@ class Lease(LeaseBase):
         is a no-op. `LeaseLost` if it was lost already; `Unavailable` if the server could
         not be asked (the lease then lapses at the end of its TTL)."""
         self._stop_renewing()
-        known = self._loss_now()
-        if known is not None and known[0] == RELEASED:
+        call = self._release_call()
+        if call is None:
             return
-        if known is not None:
-            self._lose(*known)
-            raise LeaseLost(self.resource, *known)
-        path = wire.lock_path(self.resource)
-        attempts = 0
-
-        def attempt() -> None:
-            nonlocal attempts
-            attempts += 1
-            answer = self._client._send("DELETE", path, wire.release_body(self._owner, self.fence))
-            try:
-                wire.read_release(answer, self.resource)
-            except LeaseLost as loss:
-                # A 404 after an attempt whose answer was lost: that attempt released it.
-                if not (attempts > 1 and loss.reason == "not-found"):
-                    raise
-
         try:
-            self._client._retrying(attempt, until=self._term_now.safe_until)
-        except LeaseLost as loss:
-            self._lose(loss.reason)
-            raise
+            self._client._retrying(
+                lambda: call.read(self._client._send("DELETE", *call.request())), until=self._term_now.safe_until
+            )
         finally:
             self._lose(RELEASED)
 
@@ -210,14 +178,7 @@ class Lease(LeaseBase):
 
     def _renew_once(self, timeout: float | None) -> None:
         sent = time.monotonic()
-        body = wire.renew_body(self._owner, self._ttl_seconds, self.fence)
-        answer = self._client._send("POST", wire.lock_path(self.resource, "/renew"), body, timeout=timeout)
-        try:
-            grant = wire.read_renew(answer, self.resource, self.fence)
-        except LeaseLost as loss:
-            self._lose(loss.reason, str(loss))
-            raise
-        if self._confirm(sent, grant) is not None:
+        if self._renewed(sent, self._client._send("POST", *self._renew_request(), timeout=timeout)):
             self._arm_deadline()
 
     def _keep_alive(self) -> None:
@@ -228,9 +189,7 @@ class Lease(LeaseBase):
             wake = self._term_now.renew_at
             while True:
                 term = self._term_now
-                if self._stop.wait(max(min(wake, term.safe_until) - time.monotonic(), 0)):
-                    return
-                if self._lose_if_due():
+                if self._stop.wait(max(min(wake, term.safe_until) - time.monotonic(), 0)) or self._lose_if_due():
                     return
                 try:
                     self._renew_once(term.attempt_timeout(time.monotonic()))
@@ -238,9 +197,7 @@ class Lease(LeaseBase):
                     return
                 except FencelockError as error:
                     failures += 1
-                    self._failed(error)
-                    wake = term.retry_at(failures, time.monotonic(), getattr(error, "retry_after", None))
-                    log.warning("renewal of %s failed (%d in a row), retrying: %s", self.resource, failures, error)
+                    wake = self._renewal_failed(term, failures, error)
                 else:
                     failures = 0
                     wake = self._term_now.renew_at

@@ -5,7 +5,8 @@
   retries. The outcome is unknown.
 - `LeaseLost`: the lease is no longer held (renewal refused, or its expiry came without a
   confirmed renewal). Stop the protected work.
-- `StaleFence`, `InvalidFenceToken`, `MalformedFenceToken`: the SQL guard refused a write.
+- `StaleFence`, `InvalidFenceToken`, `MalformedFenceToken`: the SQL guard refused a write
+  (and `FencingTokenRequired`: a write came without its token, see `fencelock.starlette`).
 - `Rejected` (with `Forbidden` and `QuotaExceeded`): the server refused the request as it
   stands; sending it again will not help.
 - `ProtocolError`: an answer outside the HTTP contract (not a fencelock server?).
@@ -23,6 +24,7 @@ __all__ = [
     "StaleFence",
     "InvalidFenceToken",
     "MalformedFenceToken",
+    "FencingTokenRequired",
     "Rejected",
     "Forbidden",
     "QuotaExceeded",
@@ -91,6 +93,10 @@ class InvalidFenceToken(FencelockError):
 
 class MalformedFenceToken(FencelockError):
     """The guard was given something that is not a fence token at all."""
+
+
+class FencingTokenRequired(FencelockError):
+    """A write to a protected service came without the `Fencing-Token` header."""
 
 
 class Rejected(FencelockError):

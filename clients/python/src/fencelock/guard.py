@@ -9,7 +9,9 @@ in READ COMMITTED (or retry on `40001`); admit several keys in sorted order.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -27,27 +29,28 @@ def admit(conn: psycopg.Connection[Any], key: str, token: str | int) -> int:
     `InvalidFenceToken` for a token not signed for `key`, `MalformedFenceToken` for one that
     is not a token. After a refusal the transaction is aborted: roll it back (leaving
     `with conn.transaction():` by the exception does), having written nothing."""
-    try:
-        row = conn.execute(_ADMIT, (key, str(token))).fetchone()
-    except psycopg.Error as error:
-        refusal = _refusal(error, key)
-        if refusal is None:
-            raise
-        raise refusal from error
-    return _fence(row)
+    with _refusals(key):
+        return _fence(conn.execute(_ADMIT, (key, str(token))).fetchone())
 
 
 async def admit_async(conn: psycopg.AsyncConnection[Any], key: str, token: str | int) -> int:
     """`admit` for an `AsyncConnection`."""
-    try:
+    with _refusals(key):
         cursor = await conn.execute(_ADMIT, (key, str(token)))
-        row = await cursor.fetchone()
+        return _fence(await cursor.fetchone())
+
+
+@contextlib.contextmanager
+def _refusals(key: str) -> Iterator[None]:
+    """Raises the guard's refusals as this package's errors (any other database error as
+    it is)."""
+    try:
+        yield
     except psycopg.Error as error:
         refusal = _refusal(error, key)
         if refusal is None:
             raise
         raise refusal from error
-    return _fence(row)
 
 
 def _fence(row: Any) -> int:
