@@ -36,6 +36,7 @@
 
 #[cfg(feature = "guard-postgres")]
 pub mod postgres;
+pub mod sql;
 #[cfg(feature = "guard-sqlite")]
 pub mod sqlite;
 
@@ -138,6 +139,7 @@ impl Guard {
         Ok(CheckedFence {
             key: key.to_owned(),
             fence,
+            token: token.0.clone(),
         })
     }
 }
@@ -148,6 +150,8 @@ impl Guard {
 pub struct CheckedFence {
     key: String,
     fence: Fence,
+    /// The token as sent, which the guard in the database checks again by its own keys.
+    token: String,
 }
 
 impl CheckedFence {
@@ -158,6 +162,11 @@ impl CheckedFence {
 
     pub fn fence(&self) -> Fence {
         self.fence
+    }
+
+    /// The token the fence was read from, as the writer sent it.
+    pub fn token(&self) -> &str {
+        &self.token
     }
 }
 
