@@ -4,16 +4,13 @@
 
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
-import { fileURLToPath } from "node:url";
 
-import ts from "typescript";
-
+import { PACKAGE, compile } from "./compile.js";
 import { Scratch, installGuard } from "./server.js";
 
-const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
 const DOC = join(PACKAGE, "../../docs/client.md");
 
 /**
@@ -28,26 +25,15 @@ function blocks(markdown, lang) {
 test("the paused-worker story type-checks and runs as shown", async (t) => {
   const [story = ""] = blocks(readFileSync(DOC, "utf8"), "ts");
   assert.ok(story.split("\n").length - 1 < 30, "the story is under 30 lines");
-  // Inside the package, so that `fencelock` names this package and `pg` its dev dependency.
-  const dir = mkdtempSync(join(PACKAGE, ".doc-"));
   const space = new Scratch();
-  t.after(async () => {
-    rmSync(dir, { recursive: true, force: true });
-    await space.close();
-  });
-  writeFileSync(join(dir, "story.ts"), story);
-  execFileSync(
-    process.execPath,
-    [join(PACKAGE, "node_modules/typescript/bin/tsc"), "--noEmit", "--strict", "--skipLibCheck", "--target", "es2022", "--module", "nodenext", "--types", "node", join(dir, "story.ts")],
-    { cwd: PACKAGE, stdio: "pipe" },
-  );
-
+  t.after(() => space.close());
   const server = await space.server();
   const database = await space.database();
   await installGuard(database);
-  const script = ts.transpileModule(story, { compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 } }).outputText;
-  writeFileSync(join(dir, "story.mjs"), script.replace("http://127.0.0.1:8080", server.url).replace("postgresql://127.0.0.1/app", database));
-  const output = execFileSync(process.execPath, [join(dir, "story.mjs")], { cwd: PACKAGE, encoding: "utf8", timeout: 60_000 });
+  const script = compile(t, story, (code) =>
+    code.replace("http://127.0.0.1:8080", server.url).replace("postgresql://127.0.0.1/app", database),
+  );
+  const output = execFileSync(process.execPath, [script], { cwd: PACKAGE, encoding: "utf8", timeout: 60_000 });
   const refused = /^refused: fence (\d+) < (\d+)\n$/.exec(output);
   assert.ok(refused, output);
   const [a, b] = [Number(refused[1]), Number(refused[2])];

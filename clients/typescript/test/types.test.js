@@ -1,22 +1,17 @@
 // The package ships JavaScript with JSDoc types, and the declarations in types/ made from
 // them, so that installing it needs no build step. Both are checked here: the sources and
-// tests type-check (`tsc --noEmit`, strict), and types/ is what `npm run types` makes now.
+// tests type-check (`tsc --noEmit`, strict), types/ is what `npm run types` makes now, and
+// TypeScript code using them compiles and runs (`await using`, which Node 20 cannot parse).
 
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
-import { fileURLToPath } from "node:url";
+import { pathToFileURL } from "node:url";
 
-const PACKAGE = fileURLToPath(new URL("..", import.meta.url));
-const TSC = join(PACKAGE, "node_modules/typescript/bin/tsc");
-
-/** @param {string[]} args */
-function tsc(args) {
-  execFileSync(process.execPath, [TSC, ...args], { cwd: PACKAGE, stdio: ["ignore", "pipe", "pipe"] });
-}
+import { PACKAGE, compile, tsc } from "./compile.js";
+import { Scratch } from "./server.js";
 
 test("the sources and the tests type-check", () => {
   tsc(["-p", "tsconfig.json"]);
@@ -35,4 +30,24 @@ test("types/ holds the declarations of the sources as they are", (t) => {
       `types/${file} is stale: run \`npm run types\` in clients/typescript`,
     );
   }
+});
+
+test("`await using` holds a lease for the scope and releases it at its end", async (t) => {
+  const space = new Scratch();
+  t.after(() => space.close());
+  const server = await space.server();
+  const source = `import { Client } from "fencelock";
+
+    export async function scoped(url: string, inside: (fence: number) => Promise<void>): Promise<number> {
+      await using lease = await new Client(url).lease("job:scoped", { ttlSeconds: 30 });
+      await inside(lease.fence);
+      return lease.fence;
+    }`;
+  const module = await import(pathToFileURL(compile(t, source)).href);
+  const scoped = /** @type {(url: string, inside: (fence: number) => Promise<void>) => Promise<number>} */ (module.scoped);
+  const fence = await scoped(server.url, async (held) => {
+    assert.equal((await server.inspect("job:scoped"))?.fence, held, "held inside the scope");
+  });
+  assert.ok(fence >= 1);
+  assert.equal(await server.inspect("job:scoped"), null, "released at the end of the scope");
 });
