@@ -4,7 +4,8 @@
 import { InvalidFenceTokenError, MalformedFenceTokenError, StaleFenceError } from "./errors.js";
 
 /**
- * What `admit` needs of a node-postgres `Client`, `PoolClient` or `Pool`.
+ * What `admit` needs of a node-postgres `Client` or `PoolClient`: the connection that runs
+ * the writing transaction.
  * @typedef {{ query(text: string, values: unknown[]): Promise<{ rows: Array<Record<string, unknown>> }> }} Queryable
  */
 

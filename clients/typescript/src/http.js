@@ -49,6 +49,7 @@ export class Http {
     const abort = new AbortController();
     const timer = setTimeout(() => abort.abort(new DOMException(`no answer within ${Math.round(limit)} ms`, "TimeoutError")), limit);
     const stop = () => abort.abort(signal?.reason);
+    if (signal?.aborted) stop();
     signal?.addEventListener("abort", stop, { once: true });
     try {
       const response = await fetch(this.#base + path, {

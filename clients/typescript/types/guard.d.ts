@@ -1,5 +1,6 @@
 /**
- * What `admit` needs of a node-postgres `Client`, `PoolClient` or `Pool`.
+ * What `admit` needs of a node-postgres `Client` or `PoolClient`: the connection that runs
+ * the writing transaction.
  * @typedef {{ query(text: string, values: unknown[]): Promise<{ rows: Array<Record<string, unknown>> }> }} Queryable
  */
 /**
@@ -20,7 +21,8 @@
  */
 export function admit(client: Queryable, key: string, token: string | number): Promise<number>;
 /**
- * What `admit` needs of a node-postgres `Client`, `PoolClient` or `Pool`.
+ * What `admit` needs of a node-postgres `Client` or `PoolClient`: the connection that runs
+ * the writing transaction.
  */
 export type Queryable = {
     query(text: string, values: unknown[]): Promise<{
