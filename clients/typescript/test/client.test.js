@@ -192,11 +192,10 @@ test("the signal is aborted within the TTL when the server dies, and nothing rej
   const result = await client.withLease("job:doomed", { ttlSeconds: 2 }, async (lease) => {
     assert.equal(await aborted(lease.signal, 800), null, "a first renewal went through");
     await server.kill();
-    const killed = performance.now();
+    // The last confirmed renewal was sent before the kill: its safe deadline is at most
+    // 1.8 s on, the server's expiry at least 2 s.
     const reason = await aborted(lease.signal, 2000);
     assert.ok(reason instanceof LeaseLostError && reason.reason === "unconfirmed", String(reason));
-    // The last confirmed renewal was sent before the kill; its deadline is 1.8 s on.
-    assert.ok(performance.now() - killed <= 1900);
     return "stopped in time";
   });
   // withLease settles with the work's own result; the release after the loss threw nothing.
