@@ -100,22 +100,47 @@ pub(crate) struct Cli {
 impl Cli {
     /// The command line, parsed. The server's settings are global (`fencelock check
     /// --database-url ...` works) but mean nothing to `fencelock lock`, so its `--help` hides
-    /// them.
+    /// them; `fencelock guard`'s shows only the ones it reads.
     pub(crate) fn try_parse_command_line() -> Result<Self, clap::Error> {
         use clap::{CommandFactory as _, FromArgMatches as _};
         let mut command = Self::command();
         // Copies the global arguments into every subcommand, where they can then be hidden.
         command.build();
-        let command = command.mut_subcommand("lock", |lock| {
-            lock.mut_args(|arg| {
-                if arg.is_global_set() {
-                    arg.hide(true)
-                } else {
-                    arg
-                }
-            })
-        });
+        let command = command
+            .mut_subcommand("lock", |lock| lock.mut_args(|arg| hide_global(arg, &[])))
+            .mut_subcommand("guard", |guard| {
+                let guard_arg =
+                    |arg: clap::Arg| guard_help(hide_global(arg, &["fence_key", "database_url"]));
+                guard
+                    .mut_args(guard_arg)
+                    .mut_subcommand("sql", |sql| {
+                        sql.mut_args(|arg| guard_help(hide_global(arg, &["fence_key"])))
+                    })
+                    .mut_subcommand("install", |install| install.mut_args(guard_arg))
+            });
         Self::from_arg_matches(&command.try_get_matches()?)
+    }
+}
+
+/// `arg` hidden from `--help` if it is a global argument not named in `shown`.
+fn hide_global(arg: clap::Arg, shown: &[&str]) -> clap::Arg {
+    if arg.is_global_set() && !shown.contains(&arg.get_id().as_str()) {
+        arg.hide(true)
+    } else {
+        arg
+    }
+}
+
+/// The server's arguments `fencelock guard` reads, as it reads them.
+fn guard_help(arg: clap::Arg) -> clap::Arg {
+    match arg.get_id().as_str() {
+        "fence_key" => arg.help(
+            "A key file of the lease server's --fence-key, to install; once for each key (the new and the old one, to rotate)",
+        ),
+        "database_url" => arg.help(
+            "The PostgreSQL database to install the guard into: `postgres://user:pass@host/db`",
+        ),
+        _ => arg,
     }
 }
 
@@ -131,6 +156,10 @@ pub(crate) enum Command {
     /// Bearer tokens for `--auth-file`.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// The write guard in a protected service's own database, for services in any language:
+    /// one call in the write's transaction admits the writer's fence or refuses it.
+    #[command(subcommand)]
+    Guard(GuardCommand),
     /// Run a command while holding a lease: `fencelock lock RESOURCE -- CMD ARGS...`.
     ///
     /// Acquires RESOURCE from the lease server at --url (waiting up to --wait-seconds for
@@ -229,6 +258,31 @@ pub(crate) enum TokenCommand {
         /// The token's name, as logs show it: 1-64 characters of `A-Z a-z 0-9 . _ - : @`.
         name: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum GuardCommand {
+    /// Print the guard's SQL for DATABASE: idempotent (apply it again at will), and with
+    /// --fence-key, the keys to install (exactly those: give the new and the old key to
+    /// rotate). Without --fence-key the installed keys stay as they are.
+    Sql {
+        /// The database the SQL is for.
+        #[arg(value_enum)]
+        database: GuardDatabase,
+    },
+    /// Apply the PostgreSQL SQL of `guard sql postgres` to the database of --database-url
+    /// (or DATABASE_URL), in one transaction, as the role that is to own the guard.
+    Install,
+}
+
+/// The databases the guard's SQL is written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum GuardDatabase {
+    /// PostgreSQL 11 or later: schema `fencelock_guard`, `fencelock_guard.admit(key, token)`.
+    Postgres,
+    /// MySQL 8.0 or MariaDB 10.5 or later: `CALL fencelock_guard_admit(key, token)`, in the
+    /// current database.
+    Mysql,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -401,9 +455,10 @@ pub struct ServerArgs {
     #[arg(long, env = "FENCELOCK_TLS_KEY", value_name = "PEM", global = true)]
     pub tls_key: Option<PathBuf>,
     /// A file of at least 32 secret bytes that signs every fence given to a holder: lock
-    /// objects then carry `fence_token`, which guards with the same key require.
-    #[arg(long, env = "FENCELOCK_FENCE_KEY", value_name = "FILE", global = true)]
-    pub fence_key: Option<PathBuf>,
+    /// objects then carry `fence_token`, which guards with the same key require. Once to the
+    /// server; `guard sql` and `guard install` take it again for each key to install.
+    #[arg(long, env = "FENCELOCK_FENCE_KEY", value_name = "FILE", global = true, action = clap::ArgAction::Append)]
+    pub fence_key: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -513,9 +568,12 @@ impl Settings {
                     "--tls-cert and --tls-key go together: give both to serve HTTPS, or neither"
                 ),
             },
-            fence_key: match &args.fence_key {
-                Some(path) => Some(FenceKey::read(path).context("--fence-key")?),
-                None => None,
+            fence_key: match args.fence_key.as_slice() {
+                [] => None,
+                [path] => Some(FenceKey::read(path).context("--fence-key")?),
+                _ => anyhow::bail!(
+                    "--fence-key: the server signs with one key; give it once (guards take several: `fencelock guard sql`)"
+                ),
             },
         })
     }

@@ -8,10 +8,10 @@ use clap::error::ErrorKind;
 use crate::config::{Cli, Command, Settings, TokenCommand};
 use crate::startup::{self, Application};
 use crate::store;
-use crate::{lock_command, shutdown, telemetry};
+use crate::{guard_command, lock_command, shutdown, telemetry};
 
 /// The `fencelock` command: parses its arguments, then serves, migrates, checks, makes a
-/// token or runs `fencelock lock`.
+/// token, prints or installs the guard's SQL, or runs `fencelock lock`.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse_command_line() {
         Ok(cli) => cli,
@@ -39,6 +39,9 @@ pub fn main() -> ExitCode {
     if let Some(Command::Token(TokenCommand::New { name })) = &cli.command {
         return new_token(name);
     }
+    if let Some(Command::Guard(command)) = &cli.command {
+        return guard_command::main(command, &cli.server);
+    }
     let settings = match Settings::from_args(&cli.server) {
         Ok(settings) => settings,
         Err(e) => {
@@ -53,6 +56,7 @@ pub fn main() -> ExitCode {
         Command::Serve
         | Command::Migrate
         | Command::Token(_)
+        | Command::Guard(_)
         | Command::Lock(_)
         | Command::LockSentinel { .. } => "info",
     };
@@ -69,7 +73,10 @@ pub fn main() -> ExitCode {
             Command::Serve => serve(settings).await,
             Command::Migrate => migrate(settings).await,
             Command::Check => check(settings).await,
-            Command::Token(_) | Command::Lock(_) | Command::LockSentinel { .. } => {
+            Command::Token(_)
+            | Command::Guard(_)
+            | Command::Lock(_)
+            | Command::LockSentinel { .. } => {
                 unreachable!("answered before the runtime starts")
             }
         }

@@ -18,6 +18,8 @@ mod connections;
 mod decisions;
 mod errors;
 mod group_commit;
+mod guard_mysql;
+mod guard_sql;
 mod handover;
 mod health;
 mod history;

@@ -120,12 +120,16 @@ fn rust_blocks_are_copies_of_the_doc_tested_library_readme() {
     assert!(copies >= 1, "README.md shows the guard as a rust block");
 }
 
-/// SQL in the pages is a copy of what the library runs or the migrations apply.
+/// SQL in the pages is a copy of what the library runs (its SQL files, its sources, or the
+/// examples of its documentation comments) or the migrations apply.
 #[test]
 fn sql_blocks_are_copies_of_the_sources() {
     let mut sources = files_under(&root().join("fencelock/src"), "rs");
+    sources.extend(files_under(&root().join("fencelock/src"), "sql"));
     sources.extend(files_under(&root().join("migrations"), "sql"));
-    let sources: Vec<String> = sources.iter().map(|p| read(p)).collect();
+    let mut sources: Vec<String> = sources.iter().map(|p| read(p)).collect();
+    let doc_comments: Vec<String> = sources.iter().map(|s| doc_comments(s)).collect();
+    sources.extend(doc_comments);
     let mut seen = 0;
     for page in pages() {
         for block in blocks(&read(&page), "sql") {
@@ -139,6 +143,21 @@ fn sql_blocks_are_copies_of_the_sources() {
         }
     }
     assert!(seen >= 2, "docs/guard.md shows the guard's SQL");
+}
+
+/// The documentation comments of Rust `source`, without their `//!` or `///` (and the one
+/// space after it), a line each.
+fn doc_comments(source: &str) -> String {
+    source
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim_start();
+            let text = line
+                .strip_prefix("//!")
+                .or_else(|| line.strip_prefix("///"))?;
+            Some(format!("{}\n", text.strip_prefix(' ').unwrap_or(text)))
+        })
+        .collect()
 }
 
 /// A TOML block parses, and a `fencelock` dependency in it names only features the library

@@ -97,6 +97,20 @@ fn a_bad_key_file_stops_startup_with_one_line() {
         // The OS's reason (`No such file or directory (os error 2)`) is said once.
         assert!(line.matches("os error").count() <= 1, "{line}");
     }
+    // The server signs with one key; `fencelock guard` is where several are given.
+    let good = dir.path().join("good.key");
+    std::fs::write(&good, [7; 32]).unwrap();
+    let mut command = crate::process::command(None, dir.path());
+    command
+        .arg("--fence-key")
+        .arg(&good)
+        .arg("--fence-key")
+        .arg(&good);
+    let line = assert_failed_in_one_line(&command.output().unwrap(), "two --fence-key");
+    assert!(
+        line.starts_with("fencelock: --fence-key: the server signs with one key"),
+        "{line}"
+    );
 }
 
 /// The lock objects' schemas document `fence_token` as an optional string.

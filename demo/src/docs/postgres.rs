@@ -2,7 +2,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use fencelock::domain::ResourceName;
-use fencelock::guard::{self, Admission, GuardMetrics};
+use fencelock::guard::{self, Admission, GuardError, GuardMetrics};
 use fencelock_server::postgres::{PgConfig, classify, classify_pool};
 use fencelock_server::{StoreError, StoreOptions};
 use tokio::sync::OnceCell;
@@ -89,6 +89,18 @@ impl PgDocs {
     }
 }
 
+/// The guard in the database checks the token again, by the keys installed in it: the store
+/// installs none, so it refuses nothing the service's guard admitted, unless someone
+/// installed other keys into the store's database.
+fn unexpected_refusal(e: GuardError) -> StoreError {
+    match e {
+        GuardError::Store(e) => e,
+        refusal => StoreError::Internal(anyhow::anyhow!(
+            "fencelock_guard.admit refused a token the store's guard admitted (keys installed in its database?): {refusal}"
+        )),
+    }
+}
+
 #[async_trait]
 impl DocStore for PgDocs {
     async fn put(&self, write: &Write) -> Result<Put, StoreError> {
@@ -98,7 +110,7 @@ impl DocStore for PgDocs {
         let admission = match self.guarding {
             Guarding::On => guard::postgres::admit(&tx, fence, &self.guard)
                 .await
-                .map_err(classify)?,
+                .map_err(unexpected_refusal)?,
             Guarding::Off => Admission::Admitted,
         };
         let put = match admission {

@@ -24,7 +24,7 @@ async fn put_doc(
     let mut client = pool.get().await.map_err(classify_pool)?;
     let tx = client.transaction().await.map_err(classify)?;
     // Holds the key's guard row until the transaction ends: check and write are one step.
-    let admission = guard::postgres::admit(&tx, &fence, guard.metrics()).await.map_err(classify)?;
+    let admission = guard::postgres::admit(&tx, &fence, guard.metrics()).await?;
     if let Admission::Stale { current } = admission {
         return Err(guard::stale_write(&key, current)); // 409, nothing written
     }

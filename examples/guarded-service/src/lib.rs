@@ -22,7 +22,7 @@ use fencelock::guard::{self, Guard, GuardMetrics};
 use fencelock::http::{self, metrics::HttpMetrics};
 use fencelock::metrics::Registry;
 
-/// The documents. The guard's table (`fence_guard`) stands beside it.
+/// The documents. The guard's schema (`fencelock_guard`) stands beside them.
 pub const DOCS_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS docs (
     key  text PRIMARY KEY,

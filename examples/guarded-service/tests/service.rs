@@ -175,7 +175,10 @@ async fn stored(db: &tokio_postgres::Client, key: &str) -> (Option<String>, Opti
         .unwrap()
         .map(|row| row.get(0));
     let fence = db
-        .query_opt("SELECT fence FROM fence_guard WHERE key = $1", &[&key])
+        .query_opt(
+            "SELECT fence FROM fencelock_guard.fences WHERE key = $1",
+            &[&key],
+        )
         .await
         .unwrap()
         .map(|row| row.get(0));

@@ -54,6 +54,12 @@ impl FenceKey {
         Self::from_bytes(bytes).ok_or(FenceKeyError::TooShort { path: shown, len })
     }
 
+    /// The secret's bytes, for the guard's SQL, which installs them into a database.
+    #[cfg(feature = "guard")]
+    pub(crate) fn secret(&self) -> &[u8] {
+        &self.0
+    }
+
     fn mac(&self, resource: &str, fence: Fence) -> Hmac<Sha256> {
         let mut mac =
             Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC accepts keys of any length");
@@ -123,6 +129,12 @@ impl FenceKeys {
 
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    /// The keys, current first.
+    #[cfg(feature = "guard")]
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &FenceKey> {
+        self.0.iter()
     }
 
     /// The fence of `token` if one of the keys signed it for `resource`.

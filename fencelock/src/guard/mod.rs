@@ -15,7 +15,10 @@
 //!    `400`).
 //! 3. In the transaction that writes, [`postgres::admit`] or [`sqlite::admit`] compares the
 //!    checked fence with the highest accepted for its key and records it: `fence >= highest`
-//!    is admitted, a lower fence is [`Admission::Stale`] and the caller writes nothing.
+//!    is admitted, a lower fence is [`Admission::Stale`] and the caller writes nothing. On
+//!    PostgreSQL this is the guard's SQL function, `fencelock_guard.admit` ([`sql`]), which
+//!    services in any language call, and which checks the token again by the keys installed
+//!    in the database.
 //!
 //! `admit` takes only a [`CheckedFence`], which only [`Guard::check`] makes, so a service
 //! cannot reach the fence comparison without the signature check, nor check a token against
@@ -36,6 +39,7 @@
 
 #[cfg(feature = "guard-postgres")]
 pub mod postgres;
+pub mod sql;
 #[cfg(feature = "guard-sqlite")]
 pub mod sqlite;
 
@@ -138,6 +142,7 @@ impl Guard {
         Ok(CheckedFence {
             key: key.to_owned(),
             fence,
+            token: token.0.clone(),
         })
     }
 }
@@ -148,6 +153,8 @@ impl Guard {
 pub struct CheckedFence {
     key: String,
     fence: Fence,
+    /// The token as sent, which the guard in the database checks again by its own keys.
+    token: String,
 }
 
 impl CheckedFence {
@@ -158,6 +165,11 @@ impl CheckedFence {
 
     pub fn fence(&self) -> Fence {
         self.fence
+    }
+
+    /// The token the fence was read from, as the writer sent it.
+    pub fn token(&self) -> &str {
+        &self.token
     }
 }
 

@@ -1,15 +1,12 @@
-//! The guard on PostgreSQL.
-//!
-//! ```sql
-//! CREATE TABLE IF NOT EXISTS fence_guard (
-//!     key        text        PRIMARY KEY,
-//!     fence      bigint      NOT NULL CHECK (fence > 0),
-//!     updated_at timestamptz NOT NULL DEFAULT now()
-//! );
-//! ```
+//! The guard on PostgreSQL, through the guard's SQL function (see [`super::sql`]):
+//! [`admit`] calls `fencelock_guard.admit(key, token)` in the write's own transaction, so a
+//! Rust service shares the guard's table and rule with services in any other language.
+//! Create the schema once with [`SCHEMA`] (idempotent: at every start will do), or install
+//! it with `fencelock guard install`, which also installs the fence keys.
 //!
 //! ```no_run
-//! # use fencelock::guard::{self, Admission, CheckedFence};
+//! # use fencelock::guard::{self, Admission, CheckedFence, GuardError};
+//! # use fencelock::guard::postgres::classify;
 //! async fn write(
 //!     client: &mut tokio_postgres::Client,
 //!     guard: &guard::Guard,
@@ -17,15 +14,16 @@
 //!     // and `key` the one this write is for: the token must be signed for that key.
 //!     fence: &CheckedFence,
 //!     body: &str,
-//! ) -> Result<Admission, tokio_postgres::Error> {
-//!     let tx = client.transaction().await?;
+//! ) -> Result<Admission, GuardError> {
+//!     let tx = client.transaction().await.map_err(classify)?;
 //!     let admission = guard::postgres::admit(&tx, fence, guard.metrics()).await?;
 //!     if let Admission::Stale { .. } = admission {
 //!         return Ok(admission); // dropping tx rolls back: nothing was written
 //!     }
 //!     tx.execute("UPDATE documents SET body = $2 WHERE key = $1", &[&fence.key(), &body])
-//!         .await?;
-//!     tx.commit().await?;
+//!         .await
+//!         .map_err(classify)?;
+//!     tx.commit().await.map_err(classify)?;
 //!     Ok(admission)
 //! }
 //! ```
@@ -36,9 +34,11 @@ use anyhow::Context as _;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Socket, Transaction};
 
-use super::{Admission, CheckedFence, GuardMetrics};
+use super::sql::{INVALID_TOKEN, NOT_A_TOKEN, STALE};
+use super::{Admission, CheckedFence, GuardError, GuardMetrics};
 use crate::StoreError;
 use crate::domain::Fence;
 
@@ -47,45 +47,92 @@ use crate::domain::Fence;
 /// queued behind.
 pub const POOL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The guard's table; idempotent, for a service's own migrations or start-up.
-pub const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS fence_guard (
-    key        text        PRIMARY KEY,
-    fence      bigint      NOT NULL CHECK (fence > 0),
-    updated_at timestamptz NOT NULL DEFAULT now()
-)";
+/// The guard's schema (`fencelock_guard`: the `fences` and `fence_keys` tables, the `admit`
+/// function); idempotent, for a service's own migrations or start-up. It leaves the
+/// installed fence keys as they are.
+pub const SCHEMA: &str = super::sql::POSTGRES;
 
-/// Raises the key's highest fence to `fence` if it is not lower. On a conflict the row is
-/// locked even when the condition fails, so the follow-up read sees the value that beat us
-/// and nobody can change it before our transaction ends.
-const ADMIT: &str = "
-INSERT INTO fence_guard AS g (key, fence) VALUES ($1, $2)
-ON CONFLICT (key) DO UPDATE SET fence = EXCLUDED.fence, updated_at = now()
-    WHERE g.fence <= EXCLUDED.fence
-RETURNING g.fence";
+const ADMIT: &str = "SELECT fencelock_guard.admit($1, $2)";
 
-const CURRENT: &str = "SELECT fence FROM fence_guard WHERE key = $1";
+/// `fencelock_guard.admit` refuses by raising an error, which would end the caller's
+/// transaction; inside a savepoint, a refusal leaves the transaction usable, so that the
+/// caller may still record it (the demo logs every refused write).
+const SAVEPOINT: &str = "SAVEPOINT fencelock_guard_admit";
+const RELEASE: &str = "RELEASE SAVEPOINT fencelock_guard_admit";
+const ROLL_BACK: &str =
+    "ROLLBACK TO SAVEPOINT fencelock_guard_admit; RELEASE SAVEPOINT fencelock_guard_admit";
 
 /// Admits a write with `checked`'s fence to its key, or reports the greater fence already
-/// accepted. [`super::Guard::check`] made `checked` from the writer's token, for this key.
+/// admitted, through `fencelock_guard.admit`. [`super::Guard::check`] made `checked` from the
+/// writer's token, for this key; the database checks that token again by the keys installed
+/// in it (none: any fence).
 ///
 /// It takes the transaction that performs the write: call it before the write, and write
-/// only when admitted. The key's guard row stays locked until that transaction ends. The
-/// decision is counted in `metrics`.
+/// only when admitted. The key's guard row stays locked until that transaction ends; after a
+/// refusal the transaction is still usable (the call ran in a savepoint). The decision is
+/// counted in `metrics`. A token the database refuses is `403` (or `400`), as
+/// [`super::Guard::check`] would have refused it with the database's keys.
 pub async fn admit(
     tx: &Transaction<'_>,
     checked: &CheckedFence,
     metrics: &GuardMetrics,
-) -> Result<Admission, tokio_postgres::Error> {
-    let (key, fence) = (checked.key(), checked.fence());
-    if tx.query_opt(ADMIT, &[&key, &fence.get()]).await?.is_some() {
-        return Ok(metrics.decided(Admission::Admitted));
+) -> Result<Admission, GuardError> {
+    let (key, token) = (checked.key(), checked.token());
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&key, Type::TEXT), (&token, Type::TEXT)];
+    // One round trip: the savepoint, the call and the release are sent together, in order.
+    let (saved, called, released) = tokio::join!(
+        tx.batch_execute(SAVEPOINT),
+        tx.query_typed_one(ADMIT, &params),
+        tx.batch_execute(RELEASE),
+    );
+    saved.map_err(classify)?;
+    let refused = match called {
+        Ok(_) => {
+            released.map_err(classify)?;
+            return Ok(metrics.decided(Admission::Admitted));
+        }
+        Err(e) => refusal(e)?,
+    };
+    tx.batch_execute(ROLL_BACK).await.map_err(classify)?;
+    match refused {
+        Refusal::Stale(current) => Ok(metrics.decided(Admission::Stale { current })),
+        Refusal::Token(e) => {
+            if let GuardError::InvalidToken(_) = e {
+                metrics.refused();
+            }
+            Err(e)
+        }
     }
-    let current: i64 = tx.query_one(CURRENT, &[&key]).await?.get(0);
-    Ok(metrics.decided(Admission::Stale {
-        // The stored fence was admitted once, so it is a valid fence.
-        current: Fence::new(current).unwrap_or(fence),
-    }))
+}
+
+/// Why `fencelock_guard.admit` refused.
+enum Refusal {
+    Stale(Fence),
+    Token(GuardError),
+}
+
+/// Reads a refusal of `fencelock_guard.admit` from its SQLSTATE; any other error is the
+/// store's, sorted by [`classify`].
+fn refusal(e: tokio_postgres::Error) -> Result<Refusal, GuardError> {
+    let Some(db) = e.as_db_error() else {
+        return Err(classify(e).into());
+    };
+    let message = db.message().to_owned();
+    match db.code().code() {
+        STALE => {
+            let current = db.detail().and_then(|d| d.parse::<i64>().ok());
+            match current.map(Fence::new) {
+                Some(Ok(current)) => Ok(Refusal::Stale(current)),
+                _ => Err(StoreError::Internal(anyhow::Error::new(e).context(
+                    "fencelock_guard.admit refused a stale fence without the current one in DETAIL",
+                ))
+                .into()),
+            }
+        }
+        INVALID_TOKEN => Ok(Refusal::Token(GuardError::InvalidToken(message))),
+        NOT_A_TOKEN => Ok(Refusal::Token(GuardError::NotAToken(message))),
+        _ => Err(classify(e).into()),
+    }
 }
 
 /// A connection pool for the request path of a protected service: no request waits longer
