@@ -48,8 +48,11 @@ CREATE TABLE leases (
 
 -- The current lease of each resource: unique, and the range a listing reads.
 CREATE UNIQUE INDEX leases_current_idx ON leases (resource) WHERE ended_at IS NULL;
--- Current leases by expiry: the live count, and the purge of leases long expired.
-CREATE INDEX leases_current_expires_idx ON leases (expires_at) WHERE ended_at IS NULL;
+-- Current leases by expiry: the live count, and the purge of leases long expired. (The
+-- second condition, implied by every comparison of `expires_at`, keeps the planner from
+-- reading a lookup by resource off this index.)
+CREATE INDEX leases_current_expires_idx ON leases (expires_at)
+    WHERE ended_at IS NULL AND expires_at IS NOT NULL;
 -- A token's current leases: the quota's count, a range of its own rows only.
 CREATE INDEX leases_token_idx ON leases (token, expires_at)
     WHERE token IS NOT NULL AND ended_at IS NULL;
@@ -176,14 +179,75 @@ AFTER DELETE ON lease_waiters
 FOR EACH ROW WHEN (OLD.granted_fence IS NULL)
 EXECUTE FUNCTION fencelock_announce_change();
 
+-- One request as `fencelock_apply` judged it, and what its answer writes.
+CREATE TYPE fencelock_decision AS (
+    i             integer,
+    kind          text,
+    resource      text,
+    owner         text,
+    outcome       text,
+    -- The current lease as judged.
+    held_fence    bigint,
+    held_since    timestamptz,
+    held_until    timestamptz,
+    free_at       timestamptz,
+    -- When the queue ahead of an acquisition may change unannounced.
+    queued        timestamptz,
+    -- A new lease's expiry, or a renewal's.
+    ends          timestamptz,
+    -- The request's deadline: a write that comes later is not made.
+    deadline      timestamptz,
+    token         text,
+    delay         integer,
+    ticket        bigint,
+    -- The ticket holds a grant, its expiry and lock delay for the waiter.
+    granted       boolean,
+    granted_until timestamptz,
+    granted_delay integer,
+    -- How and when the current lease ends.
+    end_kind      text,
+    end_at        timestamptz,
+    -- The ticket leaves the queue.
+    served        boolean,
+    -- A release's hand-over: the ticket, the new holder, the provisional and the full expiry.
+    head_ticket   bigint,
+    head_owner    text,
+    head_token    text,
+    head_held     timestamptz,
+    head_ends     timestamptz,
+    head_delay    integer,
+    -- The change is announced: someone waits or watches.
+    announce      boolean
+);
+
+-- Raises `FL408` if the deadline of a request among `p_written` has passed: the last check
+-- before a decision's commit. A write may have waited for a row that a transaction from
+-- outside held (the resource's own lock is taken before any deadline is judged), and a
+-- request answered `503` must not take effect later; the decision is then undone, and each
+-- request made again on its own.
+CREATE FUNCTION fencelock_in_time(p_resources text[], p_deadlines timestamptz[], p_written text[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF cardinality(p_written) > 0
+       AND clock_timestamp() >= (SELECT min(x.deadline)
+                                 FROM unnest(p_resources, p_deadlines) AS x(resource, deadline)
+                                 WHERE x.resource = ANY (p_written)) THEN
+        RAISE EXCEPTION 'the request''s deadline passed before its decision was committed'
+            USING ERRCODE = 'FL408';
+    END IF;
+END
+$$;
+
 -- Raises unless `p_written` leases were written where `p_judged` were to be: a lease changed
--- between the decision's look and its write, by a writer that did not take the resource's lock
--- (a person at a SQL prompt, say). The decision is then undone, and made again.
+-- between the decision's look and its write by a writer that did not take the resource's lock
+-- (a person at a SQL prompt, say), or held its row until the request's deadline had passed.
+-- The decision is then undone, and made again.
 CREATE FUNCTION fencelock_as_judged(p_written bigint, p_judged bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     IF p_written <> p_judged THEN
-        RAISE EXCEPTION 'a lease changed while it was decided, by a writer without its lock'
+        RAISE EXCEPTION 'a lease was changed or held from outside while it was decided'
             USING ERRCODE = 'FL409';
     END IF;
     RETURN true;
@@ -239,12 +303,33 @@ CREATE FUNCTION fencelock_apply(
     observed_at timestamptz
 )
 LANGUAGE plpgsql VOLATILE
+-- Plans made once for the session, each a chain of index lookups whatever the table's size
+-- when it was made (`fencelock_decision` arrays look small to the planner, and are).
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
 SET fencelock.announcing = 'inline'
 AS $$
 #variable_conflict use_column
 DECLARE
     stamp timestamptz;
     keys bigint[];
+    decisions fencelock_decision[];
+    to_end bigint;
+    to_extend bigint;
+    to_grant boolean;
+    to_tickets boolean;
+    to_announce boolean;
+    written bigint;
+    new_resources text[];
+    new_fences bigint[];
+    done text[] := '{}';
+    plain_resources text[];
+    plain_fences bigint[];
+    plain_sinces timestamptz[];
+    plain_untils timestamptz[];
 BEGIN
     -- Per transaction, so that they hold behind a pooler too: a fence is answered only once
     -- its commit is durable, and no lock is waited for longer than the caller allows.
@@ -255,117 +340,203 @@ BEGIN
        AND (SELECT count(DISTINCT r) FROM unnest(p_resources) r) < cardinality(p_resources) THEN
         RAISE EXCEPTION 'fencelock_apply: a resource appears twice in one batch';
     END IF;
-    -- A quota counts the token's leases as its earlier decisions left them: one acquisition
-    -- under a quota per token and batch.
-    IF EXISTS (SELECT FROM unnest(p_tokens, p_max_leases) AS q(t, m)
-               WHERE m IS NOT NULL GROUP BY t HAVING count(*) > 1) THEN
-        RAISE EXCEPTION 'fencelock_apply: two acquisitions under one token''s quota in one batch';
+    IF cardinality(array_remove(p_max_leases, NULL)) > 0 THEN
+        -- A quota counts the token's leases as earlier decisions left them: one acquisition
+        -- under a quota per token and batch.
+        IF EXISTS (SELECT FROM unnest(p_tokens, p_max_leases) AS q(t, m)
+                   WHERE m IS NOT NULL GROUP BY t HAVING count(*) > 1) THEN
+            RAISE EXCEPTION 'fencelock_apply: two acquisitions under one token''s quota in one batch';
+        END IF;
+        PERFORM pg_advisory_xact_lock(0, k)
+        FROM unnest(ARRAY(SELECT DISTINCT hashtext(t) FROM unnest(p_tokens, p_max_leases) AS q(t, m)
+                          WHERE m IS NOT NULL ORDER BY 1)) AS k;
     END IF;
-    PERFORM pg_advisory_xact_lock(0, k)
-    FROM unnest(ARRAY(SELECT DISTINCT hashtext(t) FROM unnest(p_tokens, p_max_leases) AS q(t, m)
-                      WHERE m IS NOT NULL ORDER BY 1)) AS k;
     PERFORM pg_advisory_xact_lock(k) FROM unnest(keys) AS k;
     stamp := date_trunc('milliseconds', clock_timestamp());
 
-    RETURN QUERY
-    WITH req AS (
-        SELECT q.i::integer AS i, q.kind, q.resource, q.owner, q.given, q.token, q.max_leases,
-               q.ticket, coalesce(q.delay, 0) AS delay, q.deadline,
-               stamp + q.ttl * interval '1 second' AS ends
-        FROM unnest(p_kinds, p_resources, p_owners, p_ttl_seconds, p_fences, p_tokens,
-                    p_max_leases, p_tickets, p_lock_delays, p_deadlines)
-             WITH ORDINALITY AS q(kind, resource, owner, ttl, given, token, max_leases, ticket,
-                                  delay, deadline, i)
-    ),
-    -- Each request beside its resource's current lease and its ticket.
-    seen AS (
-        SELECT r.*,
-               l.fence IS NOT NULL AS present,
-               coalesce(l.expires_at > stamp, false) AS live,
-               l.owner AS held_by, l.fence AS held_fence, l.acquired_at AS held_since,
-               l.expires_at AS held_until, l.lock_delay_ms AS held_delay,
-               fencelock_free_at(l.expires_at, l.lock_delay_ms) AS free_at,
-               t.granted_fence IS NOT NULL AS granted,
-               t.granted_fence IS NOT NULL AND t.granted_fence = l.fence
-                   AND l.expires_at > stamp AS grant_stands,
-               t.granted_at, t.granted_until, coalesce(t.lock_delay_ms, 0) AS granted_delay
-        FROM req r
-        LEFT JOIN leases l ON l.resource = r.resource AND l.ended_at IS NULL
-        LEFT JOIN lease_waiters t ON t.ticket = r.ticket
-    ),
-    -- What the rules say, in the contract's order of checks.
-    judged AS (
-        SELECT s.*,
-            CASE s.kind
-            WHEN 'acquire' THEN CASE
-                WHEN s.grant_stands AND clock_timestamp() >= s.deadline THEN 'too_late'
-                WHEN s.grant_stands THEN 'claimed'
-                WHEN s.max_leases IS NOT NULL
-                     AND (SELECT count(*) FROM leases o
-                          WHERE o.token = s.token AND o.ended_at IS NULL
-                            AND o.expires_at > stamp - interval '60 seconds'
-                            AND fencelock_free_at(o.expires_at, o.lock_delay_ms) > stamp
-                            AND o.resource <> s.resource) >= s.max_leases
-                    THEN 'quota_exceeded'
-                WHEN s.present AND s.held_by <> s.owner AND s.free_at > stamp THEN 'held'
-                WHEN NOT s.live AND s.queued IS NOT NULL THEN 'queued'
-                WHEN clock_timestamp() >= s.deadline THEN 'too_late'
-                WHEN NOT s.present THEN 'fresh'
-                WHEN s.live THEN 'reacquired'
-                ELSE 'taken_over' END
-            WHEN 'renew' THEN CASE
-                WHEN NOT s.present THEN 'not_found'
-                WHEN NOT s.live THEN 'expired'
-                WHEN s.held_by <> s.owner THEN 'owner_mismatch'
-                WHEN s.given IS NOT NULL AND s.given <> s.held_fence THEN 'stale_fence'
-                WHEN clock_timestamp() >= s.deadline THEN 'too_late'
-                ELSE 'renewed' END
-            WHEN 'release' THEN CASE
-                WHEN NOT s.live THEN 'not_found'
-                WHEN s.held_by <> s.owner THEN 'not_owner'
-                WHEN s.given IS NOT NULL AND s.given <> s.held_fence THEN 'stale_fence'
-                WHEN clock_timestamp() >= s.deadline THEN 'too_late'
-                ELSE 'released' END
-            WHEN 'leave' THEN CASE WHEN s.grant_stands THEN 'claimed' ELSE 'left' END
-            END AS outcome
+    -- The plain cases first, each kind in one statement that decides and writes: an
+    -- acquisition of a resource without a lease that nobody waits for or watches, a release or
+    -- a renewal by the live holder, with nobody waiting or watching for a release. The
+    -- conditions are those under which the rules below say the same, and they are evaluated
+    -- on the rows as they are when written. Every other request is judged below.
+    IF 'acquire' = ANY (p_kinds) THEN
+        WITH granted AS (
+            INSERT INTO leases AS l (resource, fence, owner, acquired_at, expires_at, token,
+                                     lock_delay_ms)
+            SELECT q.resource, nextval('lease_fence'), q.owner, stamp,
+                   stamp + q.ttl * interval '1 second', q.token, coalesce(q.delay, 0)
+            FROM unnest(p_kinds, p_resources, p_owners, p_ttl_seconds, p_tokens, p_max_leases,
+                        p_tickets, p_lock_delays, p_deadlines)
+                 AS q(kind, resource, owner, ttl, token, max_leases, ticket, delay, deadline)
+            WHERE q.kind = 'acquire' AND q.ticket IS NULL AND q.max_leases IS NULL
+              AND clock_timestamp() < q.deadline
+              AND NOT EXISTS (SELECT FROM leases c
+                              WHERE c.resource = q.resource AND c.ended_at IS NULL)
+              AND NOT EXISTS (SELECT FROM lease_waiters w WHERE w.resource = q.resource)
+              AND NOT EXISTS (SELECT FROM lease_watchers w WHERE w.resource = q.resource)
+            RETURNING l.resource, l.fence, l.expires_at
+        )
+        SELECT array_agg(g.resource), array_agg(g.fence), array_agg(g.expires_at)
+        INTO plain_resources, plain_fences, plain_untils
+        FROM granted g;
+        IF plain_resources IS NOT NULL THEN
+            RETURN QUERY
+            SELECT array_position(p_resources, x.r)::integer, 'fresh'::text, x.f, stamp, x.u,
+                   stamp
+            FROM unnest(plain_resources, plain_fences, plain_untils) AS x(r, f, u);
+            done := plain_resources;
+        END IF;
+    END IF;
+    IF 'release' = ANY (p_kinds) OR 'renew' = ANY (p_kinds) THEN
+        WITH changed AS (
+            UPDATE leases l
+            SET ended_at = CASE WHEN q.kind = 'release' THEN stamp END,
+                end_kind = CASE WHEN q.kind = 'release' THEN 'released' END,
+                expires_at = CASE WHEN q.kind = 'renew' THEN stamp + q.ttl * interval '1 second'
+                                  ELSE l.expires_at END,
+                renewals = l.renewals + CASE WHEN q.kind = 'renew' THEN 1 ELSE 0 END
+            FROM unnest(p_kinds, p_resources, p_owners, p_ttl_seconds, p_fences, p_deadlines)
+                 AS q(kind, resource, owner, ttl, given, deadline)
+            WHERE q.kind IN ('release', 'renew') AND l.resource = q.resource
+              AND l.ended_at IS NULL AND l.owner = q.owner AND l.expires_at > stamp
+              AND (q.given IS NULL OR q.given = l.fence) AND clock_timestamp() < q.deadline
+              AND (q.kind = 'renew'
+                   OR NOT EXISTS (SELECT FROM lease_waiters w WHERE w.resource = q.resource)
+                      AND NOT EXISTS (SELECT FROM lease_watchers w
+                                      WHERE w.resource = q.resource))
+            RETURNING l.resource, l.fence, l.acquired_at, l.expires_at, l.ended_at IS NULL
+        )
+        SELECT array_agg(c.resource), array_agg(c.fence), array_agg(c.acquired_at),
+               array_agg(CASE WHEN c.renewed THEN c.expires_at END)
+        INTO plain_resources, plain_fences, plain_sinces, plain_untils
+        FROM changed AS c(resource, fence, acquired_at, expires_at, renewed);
+        IF plain_resources IS NOT NULL THEN
+            RETURN QUERY
+            SELECT array_position(p_resources, x.r)::integer,
+                   CASE WHEN x.u IS NULL THEN 'released' ELSE 'renewed' END, x.f, x.a, x.u,
+                   stamp
+            FROM unnest(plain_resources, plain_fences, plain_sinces, plain_untils)
+                 AS x(r, f, a, u);
+            done := done || plain_resources;
+        END IF;
+    END IF;
+    IF cardinality(done) = cardinality(p_resources) THEN
+        PERFORM fencelock_in_time(p_resources, p_deadlines, done);
+        RETURN;
+    END IF;
+
+    -- Judge every request on the state its resource's earlier decisions committed: the
+    -- current lease, the ticket, the queue, the quota, in the contract's order of checks;
+    -- then what each answer writes.
+    SELECT array_agg(x ORDER BY (x).i),
+           count(*) FILTER (WHERE (x).end_kind IS NOT NULL),
+           count(*) FILTER (WHERE (x).outcome IN ('renewed', 'claimed')),
+           coalesce(bool_or((x).outcome IN ('fresh', 'reacquired', 'taken_over')
+                            OR (x).head_ticket IS NOT NULL), false),
+           coalesce(bool_or((x).ticket IS NOT NULL OR (x).head_ticket IS NOT NULL), false),
+           coalesce(bool_or((x).announce), false)
+    INTO decisions, to_end, to_extend, to_grant, to_tickets, to_announce
+    FROM (
+        SELECT ROW(j.i, j.kind, j.resource, j.owner, j.outcome, j.held_fence, j.held_since,
+                   j.held_until, j.free_at, j.queued, j.ends, j.deadline, j.token, j.delay,
+                   j.ticket,
+                   j.granted, j.granted_until, j.granted_delay,
+                   CASE
+                       WHEN j.outcome IN ('reacquired', 'released') THEN 'released'
+                       WHEN j.outcome = 'taken_over' AND j.held_by <> j.owner THEN 'taken_over'
+                       WHEN j.outcome = 'taken_over' THEN 'expired'
+                   END,
+                   CASE WHEN j.outcome IN ('reacquired', 'released') THEN stamp
+                        ELSE j.held_until END,
+                   j.ticket IS NOT NULL AND (j.kind = 'leave'
+                       OR j.outcome IN ('claimed', 'fresh', 'reacquired', 'taken_over')),
+                   h.ticket, h.owner, h.token,
+                   -- A waiter with a heartbeat holds the grant only until it takes it: 2 s
+                   -- at most, and without its lock delay.
+                   CASE WHEN h.wait_until IS NOT NULL
+                        THEN least(stamp + h.ttl_seconds * interval '1 second',
+                                   stamp + interval '2 seconds')
+                        ELSE stamp + h.ttl_seconds * interval '1 second' END,
+                   stamp + h.ttl_seconds * interval '1 second',
+                   CASE WHEN h.wait_until IS NOT NULL THEN 0
+                        ELSE coalesce(h.lock_delay_ms, 0) END,
+                   j.outcome IN ('fresh', 'reacquired', 'taken_over', 'released')
+                       AND EXISTS (SELECT FROM lease_waiters w WHERE w.resource = j.resource
+                                   UNION ALL
+                                   SELECT FROM lease_watchers w WHERE w.resource = j.resource)
+               )::fencelock_decision AS x
         FROM (
             SELECT s.*,
-                   -- The earliest heartbeat among the live tickets ahead (all of them, for a
-                   -- request without one): the first moment the queue may change unannounced.
-                   CASE WHEN s.kind = 'acquire' AND NOT s.live THEN
-                       (SELECT min(w.expires_at) FROM lease_waiters w
-                        WHERE w.resource = s.resource AND w.expires_at > stamp
-                          AND w.granted_fence IS NULL
-                          AND (s.ticket IS NULL OR w.ticket < s.ticket))
-                   END AS queued
-            FROM seen s
-        ) s
-    ),
-    -- What each answer writes.
-    decided AS (
-        SELECT j.*,
-               j.outcome IN ('fresh', 'reacquired', 'taken_over', 'released') AS changed,
-               CASE
-                   WHEN j.outcome IN ('reacquired', 'released') THEN 'released'
-                   WHEN j.outcome = 'taken_over' AND j.held_by <> j.owner THEN 'taken_over'
-                   WHEN j.outcome = 'taken_over' THEN 'expired'
-               END AS end_kind,
-               CASE WHEN j.outcome IN ('reacquired', 'released') THEN stamp
-                    ELSE j.held_until END AS end_at,
-               j.ticket IS NOT NULL AND (j.kind = 'leave'
-                   OR j.outcome IN ('claimed', 'fresh', 'reacquired', 'taken_over')) AS served,
-               h.ticket AS head_ticket,
-               stamp + h.ttl_seconds * interval '1 second' AS head_ends,
-               -- A waiter with a heartbeat holds the grant only until it takes it: 2 s at
-               -- most, and without its lock delay.
-               CASE WHEN h.wait_until IS NOT NULL
-                    THEN least(stamp + h.ttl_seconds * interval '1 second',
-                               stamp + interval '2 seconds')
-                    ELSE stamp + h.ttl_seconds * interval '1 second' END AS head_held,
-               CASE WHEN h.wait_until IS NOT NULL THEN 0
-                    ELSE coalesce(h.lock_delay_ms, 0) END AS head_delay,
-               h.owner AS head_owner, h.token AS head_token
-        FROM judged j
+                CASE s.kind
+                WHEN 'acquire' THEN CASE
+                    WHEN s.grant_stands AND clock_timestamp() >= s.deadline THEN 'too_late'
+                    WHEN s.grant_stands THEN 'claimed'
+                    WHEN s.max_leases IS NOT NULL
+                         AND (SELECT count(*) FROM leases o
+                              WHERE o.token = s.token AND o.ended_at IS NULL
+                                AND o.expires_at > stamp - interval '60 seconds'
+                                AND fencelock_free_at(o.expires_at, o.lock_delay_ms) > stamp
+                                AND o.resource <> s.resource) >= s.max_leases
+                        THEN 'quota_exceeded'
+                    WHEN s.present AND s.held_by <> s.owner AND s.free_at > stamp THEN 'held'
+                    WHEN NOT s.live AND s.queued IS NOT NULL THEN 'queued'
+                    WHEN clock_timestamp() >= s.deadline THEN 'too_late'
+                    WHEN NOT s.present THEN 'fresh'
+                    WHEN s.live THEN 'reacquired'
+                    ELSE 'taken_over' END
+                WHEN 'renew' THEN CASE
+                    WHEN NOT s.present THEN 'not_found'
+                    WHEN NOT s.live THEN 'expired'
+                    WHEN s.held_by <> s.owner THEN 'owner_mismatch'
+                    WHEN s.given IS NOT NULL AND s.given <> s.held_fence THEN 'stale_fence'
+                    WHEN clock_timestamp() >= s.deadline THEN 'too_late'
+                    ELSE 'renewed' END
+                WHEN 'release' THEN CASE
+                    WHEN NOT s.live THEN 'not_found'
+                    WHEN s.held_by <> s.owner THEN 'not_owner'
+                    WHEN s.given IS NOT NULL AND s.given <> s.held_fence THEN 'stale_fence'
+                    WHEN clock_timestamp() >= s.deadline THEN 'too_late'
+                    ELSE 'released' END
+                WHEN 'leave' THEN CASE WHEN s.grant_stands THEN 'claimed' ELSE 'left' END
+                END AS outcome
+            FROM (
+                SELECT q.i::integer AS i, q.kind, q.resource, q.owner, q.given, q.token,
+                       q.max_leases, q.ticket, coalesce(q.delay, 0) AS delay, q.deadline,
+                       stamp + q.ttl * interval '1 second' AS ends,
+                       l.fence IS NOT NULL AS present,
+                       coalesce(l.expires_at > stamp, false) AS live,
+                       l.owner AS held_by, l.fence AS held_fence, l.acquired_at AS held_since,
+                       l.expires_at AS held_until,
+                       fencelock_free_at(l.expires_at, l.lock_delay_ms) AS free_at,
+                       t.granted_fence IS NOT NULL AS granted,
+                       coalesce(t.granted_fence = l.fence AND l.expires_at > stamp, false)
+                           AS grant_stands,
+                       t.granted_until, coalesce(t.lock_delay_ms, 0) AS granted_delay,
+                       -- The earliest heartbeat among the live tickets ahead (all of them,
+                       -- for a request without one): when the queue may change unannounced.
+                       CASE WHEN q.kind = 'acquire' AND NOT coalesce(l.expires_at > stamp, false)
+                       THEN (SELECT min(w.expires_at) FROM lease_waiters w
+                             WHERE w.resource = q.resource AND w.expires_at > stamp
+                               AND w.granted_fence IS NULL
+                               AND (q.ticket IS NULL OR w.ticket < q.ticket))
+                       END AS queued
+                FROM unnest(p_kinds, p_resources, p_owners, p_ttl_seconds, p_fences, p_tokens,
+                            p_max_leases, p_tickets, p_lock_delays, p_deadlines)
+                     WITH ORDINALITY AS q(kind, resource, owner, ttl, given, token, max_leases,
+                                          ticket, delay, deadline, i)
+                LEFT JOIN LATERAL (
+                    SELECT c.owner, c.fence, c.acquired_at, c.expires_at, c.lock_delay_ms
+                    FROM leases c WHERE c.resource = q.resource AND c.ended_at IS NULL
+                ) l ON true
+                LEFT JOIN LATERAL (
+                    SELECT w.granted_fence, w.granted_until, w.lock_delay_ms
+                    FROM lease_waiters w WHERE w.ticket = q.ticket
+                ) t ON true
+                WHERE q.resource <> ALL (done)
+            ) s
+        ) j
+        -- The head of the queue, for a release's hand-over: the first live ticket that left
+        -- its acquisition (one without, a quota's, is woken and tries itself).
         LEFT JOIN LATERAL (
             SELECT w.ticket, w.owner, w.ttl_seconds, w.token, w.lock_delay_ms, w.wait_until
             FROM lease_waiters w
@@ -374,80 +545,83 @@ BEGIN
             ORDER BY w.ticket
             LIMIT 1
         ) h ON h.owner IS NOT NULL
-    ),
-    -- Each write names the lease as it was judged: a row changed meanwhile by a writer from
-    -- outside (one that did not take the resource's lock) is not written, and the check
-    -- below turns that into an error, so the requests are judged again.
-    ended AS (
+    ) judged;
+
+    -- Each write names the lease as it was judged, and is made only before its deadline: a
+    -- row a writer from outside (one that does not take the resource's lock) changed or held
+    -- meanwhile is not written, and the decision is undone with an error, to be made again.
+    IF to_end > 0 THEN
         UPDATE leases l SET ended_at = d.end_at, end_kind = d.end_kind
-        FROM decided d
+        FROM unnest(decisions) d
         WHERE d.end_kind IS NOT NULL AND l.resource = d.resource AND l.fence = d.held_fence
           AND l.ended_at IS NULL AND l.expires_at = d.held_until
-        RETURNING l.resource
-    ),
-    extended AS (
+          AND clock_timestamp() < d.deadline;
+        GET DIAGNOSTICS written = ROW_COUNT;
+        PERFORM fencelock_as_judged(written, to_end);
+    END IF;
+    IF to_extend > 0 THEN
         UPDATE leases l
         SET expires_at = CASE WHEN d.outcome = 'renewed' THEN d.ends ELSE d.granted_until END,
             renewals = l.renewals + CASE WHEN d.outcome = 'renewed' THEN 1 ELSE 0 END,
             lock_delay_ms = CASE WHEN d.outcome = 'renewed' THEN l.lock_delay_ms
                                  ELSE d.granted_delay END
-        FROM decided d
+        FROM unnest(decisions) d
         WHERE d.outcome IN ('renewed', 'claimed') AND l.resource = d.resource
           AND l.fence = d.held_fence AND l.ended_at IS NULL AND l.expires_at = d.held_until
-        RETURNING l.resource
-    ),
-    -- New leases: the requests' own grants, and the releases' hand-overs. Inserted once the
-    -- leases they replace have ended (the scalar subquery runs first, to completion), so that
-    -- a resource never has two current rows.
-    granted AS (
-        INSERT INTO leases AS l (resource, fence, owner, acquired_at, expires_at, token,
-                                 lock_delay_ms)
-        SELECT d.resource, nextval('lease_fence'),
-               CASE WHEN d.outcome = 'released' THEN d.head_owner ELSE d.owner END, stamp,
-               CASE WHEN d.outcome = 'released' THEN d.head_held ELSE d.ends END,
-               CASE WHEN d.outcome = 'released' THEN d.head_token ELSE d.token END,
-               CASE WHEN d.outcome = 'released' THEN d.head_delay ELSE d.delay END
-        FROM decided d
-        WHERE (d.outcome IN ('fresh', 'reacquired', 'taken_over')
-               OR d.outcome = 'released' AND d.head_ticket IS NOT NULL)
-          AND (SELECT count(*) FROM ended) >= 0
-        RETURNING l.resource, l.fence
-    ),
-    handed AS (
+          AND clock_timestamp() < d.deadline;
+        GET DIAGNOSTICS written = ROW_COUNT;
+        PERFORM fencelock_as_judged(written, to_extend);
+    END IF;
+    -- New leases: the requests' own grants, and the releases' hand-overs, once the leases
+    -- they replace have ended.
+    IF to_grant THEN
+        WITH granted AS (
+            INSERT INTO leases AS l (resource, fence, owner, acquired_at, expires_at, token,
+                                     lock_delay_ms)
+            SELECT d.resource, nextval('lease_fence'),
+                   CASE WHEN d.outcome = 'released' THEN d.head_owner ELSE d.owner END, stamp,
+                   CASE WHEN d.outcome = 'released' THEN d.head_held ELSE d.ends END,
+                   CASE WHEN d.outcome = 'released' THEN d.head_token ELSE d.token END,
+                   CASE WHEN d.outcome = 'released' THEN d.head_delay ELSE d.delay END
+            FROM unnest(decisions) d
+            WHERE d.outcome IN ('fresh', 'reacquired', 'taken_over')
+               OR d.outcome = 'released' AND d.head_ticket IS NOT NULL
+            RETURNING l.resource, l.fence
+        )
+        SELECT array_agg(g.resource), array_agg(g.fence) INTO new_resources, new_fences
+        FROM granted g;
+    END IF;
+    IF to_tickets THEN
+        -- A hand-over is written into its ticket. A waiter served leaves the queue (its
+        -- trigger wakes the next); a grant it could not take is undone, and its ticket is back
+        -- in the queue at its place.
         UPDATE lease_waiters w
-        SET granted_fence = g.fence, granted_at = stamp, granted_until = d.head_ends
-        FROM decided d JOIN granted g ON g.resource = d.resource
-        WHERE d.outcome = 'released' AND w.ticket = d.head_ticket
-    ),
-    -- A waiter served leaves the queue (its trigger wakes the next); a grant it could not
-    -- take is undone, and its ticket is back in the queue at its place.
-    served AS (
-        DELETE FROM lease_waiters w USING decided d
-        WHERE d.served AND w.ticket = d.ticket
-    ),
-    undone AS (
+        SET granted_fence = n.fence, granted_at = stamp, granted_until = d.head_ends
+        FROM unnest(decisions) d JOIN unnest(new_resources, new_fences) n(resource, fence)
+             ON n.resource = d.resource
+        WHERE d.outcome = 'released' AND w.ticket = d.head_ticket;
+        DELETE FROM lease_waiters w USING unnest(decisions) d
+        WHERE d.served AND w.ticket = d.ticket;
         UPDATE lease_waiters w
         SET granted_fence = NULL, granted_at = NULL, granted_until = NULL
-        FROM decided d
-        WHERE d.granted AND NOT d.served AND w.ticket = d.ticket
-    ),
-    checked AS (
-        SELECT fencelock_as_judged(
-            (SELECT count(*) FROM ended) + (SELECT count(*) FROM extended),
-            (SELECT count(*) FROM decided
-             WHERE end_kind IS NOT NULL OR outcome IN ('renewed', 'claimed'))) AS ok
-    ),
-    announced AS (
-        SELECT count(pg_notify('fencelock_changes', d.resource)) AS n
-        FROM decided d
-        WHERE d.changed
-          AND EXISTS (SELECT FROM lease_waiters w WHERE w.resource = d.resource
-                      UNION ALL
-                      SELECT FROM lease_watchers w WHERE w.resource = d.resource)
-    )
+        FROM unnest(decisions) d
+        WHERE d.granted AND NOT d.served AND w.ticket = d.ticket;
+    END IF;
+    IF to_announce THEN
+        PERFORM pg_notify('fencelock_changes', d.resource) FROM unnest(decisions) d
+        WHERE d.announce;
+    END IF;
+    IF to_end > 0 OR to_extend > 0 OR to_grant OR to_tickets THEN
+        done := done || ARRAY(SELECT d.resource FROM unnest(decisions) d
+                              WHERE d.end_kind IS NOT NULL OR d.served
+                                 OR d.outcome IN ('fresh', 'renewed', 'claimed'));
+    END IF;
+    PERFORM fencelock_in_time(p_resources, p_deadlines, done);
+
+    RETURN QUERY
     SELECT d.i,
            CASE d.outcome WHEN 'queued' THEN 'held' ELSE d.outcome END,
-           CASE WHEN d.outcome IN ('fresh', 'reacquired', 'taken_over') THEN g.fence
+           CASE WHEN d.outcome IN ('fresh', 'reacquired', 'taken_over') THEN n.fence
                 WHEN d.outcome IN ('renewed', 'stale_fence', 'released', 'claimed')
                     THEN d.held_fence END,
            CASE WHEN d.outcome IN ('fresh', 'reacquired', 'taken_over') THEN stamp
@@ -458,10 +632,9 @@ BEGIN
                 WHEN d.outcome = 'held' THEN d.free_at
                 WHEN d.outcome = 'queued' THEN d.queued END,
            stamp
-    FROM decided d
-    LEFT JOIN granted g ON g.resource = d.resource AND d.outcome <> 'released'
-    CROSS JOIN announced
-    CROSS JOIN checked
+    FROM unnest(decisions) d
+    LEFT JOIN unnest(new_resources, new_fences) n(resource, fence)
+        ON n.resource = d.resource AND d.outcome <> 'released'
     ORDER BY d.i;
 END
 $$;

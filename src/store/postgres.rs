@@ -686,13 +686,17 @@ ORDER BY fence DESC
 LIMIT $2"#;
 
 /// Leases that ended more than the retention ago, at most `$2`, found by the acquisition
-/// index (a lease that ended before the cutoff was acquired before it). Current leases are
-/// never among them.
+/// index (a lease that ended before the cutoff was acquired before it). A current lease that
+/// expired (and passed its lock delay) that long ago has ended by then too: its row is the
+/// lease itself, so after a retention shorter than the purge grace a renewal of it answers
+/// `404` rather than `409` (docs/operations.md). A live lease is never among them, however
+/// old.
 const PURGE_HISTORY: &str = "
 DELETE FROM leases WHERE (resource, fence) IN (
     SELECT resource, fence FROM leases
     WHERE acquired_at < now() - $1::bigint * interval '1 millisecond'
-      AND ended_at < now() - $1::bigint * interval '1 millisecond'
+      AND coalesce(ended_at, fencelock_free_at(expires_at, lock_delay_ms))
+          < now() - $1::bigint * interval '1 millisecond'
     LIMIT $2
 )";
 
@@ -990,15 +994,21 @@ pub fn classify(e: tokio_postgres::Error) -> StoreError {
         ));
     }
     match e.code() {
+        Some(code) if code.code() == DEADLINE_PASSED => StoreError::too_late(),
         Some(code) if code.code() == CHANGED_MEANWHILE => StoreError::unavailable(
-            "a lease changed while it was decided, by a writer that bypassed fencelock; try again",
+            "a lease was changed or held from outside fencelock while it was decided; try again",
         ),
         _ => fencelock::guard::postgres::classify(e),
     }
 }
 
-/// Raised by `fencelock_apply` when a lease changed between its look and its write, by a
-/// writer that did not take the resource's lock (see the migration): nothing was written.
+/// Raised by `fencelock_apply` when a request's deadline passed before its decision was
+/// committed (see the migration): nothing was written.
+const DEADLINE_PASSED: &str = "FL408";
+
+/// Raised by `fencelock_apply` when a lease was changed between its look and its write, or its
+/// row held past the request's deadline, by a writer that did not take the resource's lock
+/// (see the migration): nothing was written.
 const CHANGED_MEANWHILE: &str = "FL409";
 
 /// A failure to get a connection, sorted as [`classify`] sorts the database's own refusals

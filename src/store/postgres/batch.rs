@@ -487,7 +487,10 @@ impl Committers {
 async fn decide_each_alone(db: &Db, batch: Vec<Job>) {
     let mut groups: Vec<Vec<Job>> = Vec::new();
     for job in batch {
-        match groups.iter_mut().find(|group| group[0].resource() == job.resource()) {
+        match groups
+            .iter_mut()
+            .find(|group| group[0].resource() == job.resource())
+        {
             Some(group) => group.push(job),
             None => groups.push(vec![job]),
         }
