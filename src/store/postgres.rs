@@ -38,6 +38,7 @@ mod listen;
 pub(crate) mod migrate;
 pub(crate) mod tls;
 
+pub use batch::COMMITTERS;
 use batch::{BatchMetrics, Batched, Batcher};
 use clock::DbClock;
 use tls::PgTls;
@@ -525,8 +526,8 @@ impl Db {
         client.query_opt(&statement, params).await.map_err(classify)
     }
 
-    /// One batch of a purge: `sql` (`PURGE` or `PURGE_HISTORY`) deletes at most `limit` rows
-    /// that ended more than `age` ago. Returns how many it deleted.
+    /// One batch of a purge: `sql` (`PURGE` or `PURGE_HISTORY`) ends or deletes at most
+    /// `limit` leases that ended (or expired) more than `age` ago. Returns how many.
     async fn purge(
         client: &deadpool_postgres::Object,
         sql: &str,
@@ -536,10 +537,14 @@ impl Db {
         let age_ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let statement = client.prepare_cached(sql).await.map_err(classify)?;
-        client
-            .execute(&statement, &[&age_ms, &limit])
-            .await
-            .map_err(classify)
+        // `PURGE` answers with its count, `PURGE_HISTORY` is counted by the driver.
+        let purged = if statement.columns().is_empty() {
+            client.execute(&statement, &[&age_ms, &limit]).await
+        } else {
+            let row = client.query_one(&statement, &[&age_ms, &limit]).await;
+            row.map(|row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+        };
+        purged.map_err(classify)
     }
 
     /// `deadline` on the database's clock, reading that clock first if it was never read.
@@ -564,87 +569,43 @@ impl Db {
         Ok(())
     }
 
-    /// Runs a write whose last parameter is its deadline (on the database's clock, given
-    /// after `params`), and takes the database's `now()` in column `now_column` of the answer
-    /// as a clock sample.
-    async fn write_opt(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        deadline: Deadline,
-        now_column: usize,
-    ) -> Result<Option<Row>> {
-        let until = self.database_deadline(deadline).await?;
-        let mut params = params.to_vec();
-        params.push(&until);
+    /// Decides one request alone: `fencelock_apply` with this request only, waiting for its
+    /// locks without a bound of its own (the statement timeout still holds). The answer's
+    /// `observed_at` is taken as a clock sample.
+    async fn apply_alone(&self, params: batch::Params<'_>, until: DateTime<Utc>) -> Result<Row> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(batch::APPLY)
+            .await
+            .map_err(classify)?;
+        let arrays = batch::Arrays::of([params]);
+        let until = vec![until];
+        let no_lock_wait_bound = 0_i32;
         let sent = Instant::now();
-        let row = self.query_opt(sql, &params).await?;
-        if let Some(row) = &row {
-            self.clock.sample(row.get(now_column), sent);
-        }
+        let row = client
+            .query_one(&statement, &arrays.with(&until, &no_lock_wait_bound))
+            .await
+            .map_err(classify)?;
+        self.clock.sample(row.get(5), sent);
         Ok(row)
     }
 }
 
-/// The decision, the token's quota and the fence live in `fencelock_acquire` (see the
-/// migrations): one round trip, one transaction, and a fence only for an acquisition that
-/// happens. The deadline comes last among the parameters (see `write_opt`).
-///
-/// A refusal is a row too (`how` 'held'), whose `expires_at` says when the caller might get
-/// the resource.
-const ACQUIRE: &str = "
-SELECT fence, acquired_at, expires_at, observed_at, how
-FROM fencelock_acquire($1, $2, $3, $8, $4::text, $5::integer, $6::integer, $7::bigint)";
-
-/// A new ticket at the end of the resource's queue, live for `$2` ms by the database's clock, and
-/// whether the resource has a live lease, read with a row lock after the ticket is in
-/// (docs/design/0004-announcements.md): from then on every change of that lease is announced, and a
-/// change that was under way is waited for and seen.
-///
-/// Committed without waiting for the disk: the row lock is held until the commit, and a
-/// release of that lease waits for it. A ticket lost in a crash of the database loses no
-/// lease and no fence: its waiter, woken by the reconnect, tries again with the same number
-/// and is judged behind the tickets before it that remain.
-///
-/// The acquisition goes with the ticket, for a release to grant it
-/// (docs/design/0003-handover-on-release.md), unless it has a token quota (`$3` NULL): that is
-/// counted under the token's lock, by the waiter.
-///
-/// The ticket lives by its heartbeat (`lease_waiters.expires_at`): `$7` ms at first, never past the
-/// wait's end (`wait_until`), extended by [`BEAT`] while its waiter is alive.
-const ENQUEUE: &str = "
-WITH waiter AS (
-    INSERT INTO lease_waiters (resource, wait_until, expires_at, owner, ttl_seconds, token,
-                               lock_delay_ms)
-    VALUES ($1, now() + $2::bigint * interval '1 millisecond',
-            now() + least($2::bigint, $7::bigint) * interval '1 millisecond', $3, $4, $5, $6)
-    RETURNING ticket
-)
-SELECT waiter.ticket, EXISTS (
-    SELECT FROM leases l WHERE l.resource = $1 AND l.expires_at > now() FOR SHARE
-)
-FROM waiter, (SELECT set_config('synchronous_commit', 'off', true)) AS no_sync";
+/// A new ticket at the end of the resource's queue, and whether the resource has a live lease,
+/// read under the resource's lock once the ticket is in (`fencelock_enqueue`,
+/// docs/design/0004-announcements.md): from then on every change of that lease is announced,
+/// and a change that was under way is waited for and seen. The acquisition goes with the
+/// ticket, for a release to grant it (docs/design/0003-handover-on-release.md), unless it has a
+/// token quota (`$3` NULL). The ticket lives by its heartbeat: `$7` ms at first, never past the
+/// wait's end (`$2` ms), extended by [`BEAT`] while its waiter is alive.
+const ENQUEUE: &str = "SELECT ticket, live FROM fencelock_enqueue($1, $2, $7, $3, $4, $5, $6)";
 
 /// A watch's registration, live for `$2` ms by the database's clock, and the live lease read
-/// with a row lock after it, as `ENQUEUE` does.
-const WATCH: &str = "
-WITH watch AS (
-    INSERT INTO lease_watchers (resource, expires_at)
-    VALUES ($1, now() + $2::bigint * interval '1 millisecond')
-    RETURNING id
-)
-SELECT l.owner, l.fence, l.acquired_at, l.expires_at, now(), watch.id
-FROM watch LEFT JOIN LATERAL (
-    SELECT * FROM leases l WHERE l.resource = $1 AND l.expires_at > now() FOR SHARE
-) l ON true";
+/// under the resource's lock after it, as `ENQUEUE` does.
+const WATCH: &str =
+    "SELECT owner, fence, acquired_at, expires_at, observed_at, id FROM fencelock_watch($1, $2)";
 
 const UNWATCH: &str = "DELETE FROM lease_watchers WHERE id = ANY($1)";
-
-/// Its trigger announces the change, so the next waiter looks again. Returns the grant a
-/// release wrote into the ticket if it still stands, now the waiter's for good
-/// (`fencelock_claim_grant`); no row otherwise.
-const DEQUEUE: &str =
-    "SELECT fence, acquired_at, expires_at, observed_at FROM fencelock_dequeue($1)";
 
 /// The heartbeat of this process's waiters: each ticket of `$1` lives `$2` ms
 /// more, never past its wait's end. One statement for all of them; a ticket another
@@ -680,10 +641,13 @@ const PURGE_WATCHERS: &str =
 /// column is when the delay ends).
 const INSPECT: &str = "
 SELECT owner, fence, acquired_at, expires_at, now(), fencelock_free_at(expires_at, lock_delay_ms)
-FROM leases WHERE resource = $1 AND fencelock_free_at(expires_at, lock_delay_ms) > now()";
+FROM leases
+WHERE resource = $1 AND ended_at IS NULL AND fencelock_free_at(expires_at, lock_delay_ms) > now()";
 
-/// Served by the expiry index (`leases_expires_at_idx`): a range scan over live leases only.
-const COUNT_LIVE: &str = "SELECT count(*) FROM leases WHERE expires_at > now()";
+/// Served by the current leases' expiry index (`leases_current_expires_idx`): a range scan over
+/// live leases only.
+const COUNT_LIVE: &str =
+    "SELECT count(*) FROM leases WHERE ended_at IS NULL AND expires_at > now()";
 
 /// Readiness writes this row: what cannot be written here cannot take a lease either.
 const PROBE: &str = "
@@ -692,17 +656,16 @@ ON CONFLICT (id) DO UPDATE SET checked_at = EXCLUDED.checked_at";
 
 /// What `check` reads to make sure the tables and functions the statements use are there, with
 /// the columns they use. Reads only.
-const SCHEMA_PROBES: [&str; 7] = [
-    "SELECT resource, owner, fence, acquired_at, expires_at, token, lock_delay_ms FROM leases LIMIT 0",
-    "SELECT fence, resource, acquired_at, expires_at, ended_at, end_kind, renewals FROM lease_history LIMIT 0",
+const SCHEMA_PROBES: [&str; 6] = [
+    "SELECT resource, fence, owner, acquired_at, expires_at, ended_at, end_kind, renewals, token, lock_delay_ms FROM leases LIMIT 0",
     "SELECT ticket, resource, expires_at, wait_until FROM lease_waiters LIMIT 0",
     "SELECT id, resource, expires_at FROM lease_watchers LIMIT 0",
     "SELECT id, checked_at FROM store_probe LIMIT 0",
     "SELECT last_value FROM lease_fence",
-    "SELECT 'fencelock_acquire(text,text,integer,timestamp with time zone,text,integer,integer,bigint)'::regprocedure,
-            'fencelock_in_time(timestamp with time zone)'::regprocedure,
-            'fencelock_apply(text[],text[],text[],integer[],bigint[],text[],timestamp with time zone[],integer,integer[])'::regprocedure,
-            'fencelock_dequeue(bigint)'::regprocedure,
+    "SELECT 'fencelock_apply(text[],text[],text[],integer[],bigint[],text[],integer[],bigint[],integer[],timestamp with time zone[],integer)'::regprocedure,
+            'fencelock_enqueue(text,bigint,bigint,text,integer,text,integer)'::regprocedure,
+            'fencelock_watch(text,bigint)'::regprocedure,
+            'fencelock_end_expired(bigint,bigint)'::regprocedure,
             'fencelock_trim_history(integer,bigint)'::regprocedure",
 ];
 
@@ -710,101 +673,34 @@ const SCHEMA_PROBES: [&str; 7] = [
 const READ_ONLY: &str =
     "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'";
 
-/// A purge statement: deletes at most `$2` rows of `$table` that match `$matching`, found by
-/// their key `$key` and skipping any row another transaction has locked.
-macro_rules! delete_skip_locked {
-    ($table:literal, $key:literal, $matching:literal) => {
-        concat!(
-            "DELETE FROM ",
-            $table,
-            " WHERE ",
-            $key,
-            " IN (SELECT ",
-            $key,
-            " FROM ",
-            $table,
-            " WHERE ",
-            $matching,
-            " LIMIT $2 FOR UPDATE SKIP LOCKED)"
-        )
-    };
-}
+/// Ends current leases long expired, at most `$2` (`fencelock_end_expired`): a lease inside
+/// its lock delay is kept whatever the grace, since it still keeps other owners out.
+const PURGE: &str = "SELECT fencelock_end_expired($1::bigint, $2::bigint)";
 
-/// Rows are deleted in the order the expiry index is scanned, not in resource order, so the
-/// purge skips rows that are locked (by a batch deciding on them) rather than waiting: it
-/// never waits on a lease row and so can never close a deadlock with a batch. A skipped row
-/// goes next time. A lease inside its lock delay is kept whatever the grace: it still keeps
-/// other owners out.
-const PURGE: &str = delete_skip_locked!(
-    "leases",
-    "resource",
-    "expires_at < now() - $1::bigint * interval '1 millisecond'
-      AND fencelock_free_at(expires_at, lock_delay_ms) < now() - $1::bigint * interval '1 millisecond'"
-);
-
-/// A resource's history, newest first: a range scan of `lease_history_resource_fence_idx`.
+/// A resource's history, newest first: a range scan of the primary key.
 const HISTORY: &str = r#"
 SELECT fence, acquired_at, expires_at, ended_at, end_kind, renewals, now()
-FROM lease_history
+FROM leases
 WHERE resource = $1 COLLATE "C"
 ORDER BY fence DESC
 LIMIT $2"#;
 
-/// History rows of leases that ended more than the retention ago, found by
-/// `lease_history_acquired_idx` (a lease that ended before the cutoff was
-/// acquired before it). Like the lease purge, it skips rows a batch has locked (a lease
-/// change updating them right now) rather than wait for them.
-const PURGE_HISTORY: &str = delete_skip_locked!(
-    "lease_history",
-    "fence",
-    "acquired_at < now() - $1::bigint * interval '1 millisecond'
-      AND coalesce(ended_at, expires_at) < now() - $1::bigint * interval '1 millisecond'"
-);
+/// Leases that ended more than the retention ago, at most `$2`, found by the acquisition
+/// index (a lease that ended before the cutoff was acquired before it). A current lease that
+/// expired (and passed its lock delay) that long ago has ended by then too: its row is the
+/// lease itself, so after a retention shorter than the purge grace a renewal of it answers
+/// `404` rather than `409` (docs/operations.md). A live lease is never among them, however
+/// old.
+const PURGE_HISTORY: &str = "
+DELETE FROM leases WHERE (resource, fence) IN (
+    SELECT resource, fence FROM leases
+    WHERE acquired_at < now() - $1::bigint * interval '1 millisecond'
+      AND coalesce(ended_at, fencelock_free_at(expires_at, lock_delay_ms))
+          < now() - $1::bigint * interval '1 millisecond'
+    LIMIT $2
+)";
 
-/// The single-statement form of each write: for acquisitions with a quota, for requests
-/// whose batch failed, and for every request when batches are limited to one.
 impl Db {
-    async fn acquire_alone(
-        &self,
-        req: &AcquireRequest,
-        deadline: Deadline,
-    ) -> Result<AcquireOutcome> {
-        let ttl = ttl_param(req.ttl.seconds());
-        let token = req.token.as_ref().map(|t| t.name.as_str());
-        let max_leases = req
-            .token
-            .as_ref()
-            .and_then(|t| t.max_leases)
-            .map(|max| i32::try_from(max).unwrap_or(i32::MAX));
-        let lock_delay = lock_delay_param(req);
-        let ticket = req.ticket.map(Ticket::get);
-        let params: [&(dyn ToSql + Sync); 7] = [
-            &req.resource.as_str(),
-            &req.owner.as_str(),
-            &ttl,
-            &token,
-            &max_leases,
-            &lock_delay,
-            &ticket,
-        ];
-        let Some(row) = self.write_opt(ACQUIRE, &params, deadline, 3).await? else {
-            return Err(StoreError::Internal(anyhow::anyhow!(
-                "fencelock_acquire gave no answer"
-            )));
-        };
-        if row.get::<_, &str>(4) == "held" {
-            return Ok(held(row.get(2), row.get(3), row.get(1)));
-        }
-        if row.get::<_, &str>(4) == "quota_exceeded" {
-            return Ok(AcquireOutcome::QuotaExceeded {
-                max_leases: req.token.as_ref().and_then(|t| t.max_leases).unwrap_or(0),
-            });
-        }
-        let lease = granted_lease(req, &row)?;
-        let how = acquisition(row.get(4))?;
-        Ok(AcquireOutcome::Acquired { lease, how })
-    }
-
     fn describe(&self) -> String {
         format!("PostgreSQL at {}", self.config.redacted_url)
     }
@@ -822,19 +718,9 @@ impl PgStore {
 
 #[async_trait]
 impl LeaseStore for PgStore {
-    /// An acquisition with a quota is decided alone: its token's advisory lock must not be
-    /// taken inside a batch, whose transactions take row locks only, in resource order (see
-    /// [`batch`]). So is a waiter's (with a ticket): `fencelock_apply` takes no tickets, and
-    /// a waiter's attempts are few (one per change of its resource), and mostly write
-    /// nothing: taking a grant a release left in the ticket, or finding the lease held.
     #[tracing::instrument(skip_all, fields(lease.resource = %req.resource))]
     async fn acquire(&self, req: &AcquireRequest, deadline: Deadline) -> Result<AcquireOutcome> {
-        let alone =
-            req.token.as_ref().is_some_and(|t| t.max_leases.is_some()) || req.ticket.is_some();
-        match &self.batcher {
-            Some(batcher) if !alone => batcher.decide(req, deadline).await,
-            _ => self.db.acquire_alone(req, deadline).await,
-        }
+        self.decide(req, deadline).await
     }
 
     async fn enqueue(&self, req: &AcquireRequest, wait: Duration) -> Result<Ticket> {
@@ -870,14 +756,22 @@ impl LeaseStore for PgStore {
         Ok(Ticket::new(row.get(0)))
     }
 
+    /// The ticket leaves the queue (its trigger announces it, so the next waiter looks
+    /// again); a grant a release wrote into it, if it still stands, is the waiter's for good.
     async fn dequeue(&self, req: &AcquireRequest, ticket: Ticket) -> Result<Option<Lease>> {
-        let Some(row) = self.db.query_opt(DEQUEUE, &[&ticket.get()]).await? else {
-            return Ok(None);
-        };
-        if row.get::<_, Option<i64>>(0).is_none() {
+        let leave = batch::Params::leave(&req.resource, &req.owner, ticket);
+        let row = self.db.apply_alone(leave, NEVER).await?;
+        if row.get::<_, &str>(1) != "claimed" {
             return Ok(None);
         }
-        granted_lease(req, &row).map(Some)
+        Ok(Some(Lease {
+            resource: req.resource.clone(),
+            owner: req.owner.clone(),
+            fence: fence(&row, 2)?,
+            acquired_at: row.get(3),
+            expires_at: row.get(4),
+            observed_at: row.get(5),
+        }))
     }
 
     async fn beat(&self, tickets: &[Ticket]) -> Result<()> {
@@ -1017,6 +911,10 @@ impl LeaseStore for PgStore {
     }
 }
 
+/// The deadline of a request that has none: a waiter leaving its queue is not answered by
+/// a timer of the store's, and what it takes with it is its own to keep or give back.
+const NEVER: DateTime<Utc> = DateTime::<Utc>::MAX_UTC;
+
 /// The lease in a row of `INSPECT`'s columns (owner, fence, acquired, expires, now).
 fn inspected(resource: &ResourceName, row: &Row) -> Result<Lease> {
     Ok(Lease {
@@ -1026,19 +924,6 @@ fn inspected(resource: &ResourceName, row: &Row) -> Result<Lease> {
         acquired_at: row.get(2),
         expires_at: row.get(3),
         observed_at: row.get(4),
-    })
-}
-
-/// The lease granted to `req` in a row whose first columns are its fence, `acquired_at`,
-/// `expires_at` and the database's clock (`ACQUIRE`'s and `DEQUEUE`'s answers).
-fn granted_lease(req: &AcquireRequest, row: &Row) -> Result<Lease> {
-    Ok(Lease {
-        resource: req.resource.clone(),
-        owner: req.owner.clone(),
-        fence: fence(row, 0)?,
-        acquired_at: row.get(1),
-        expires_at: row.get(2),
-        observed_at: row.get(3),
     })
 }
 
@@ -1062,7 +947,8 @@ fn held(
 /// The event a grant names, as the SQL functions spell it.
 fn acquisition(how: &str) -> Result<Acquisition> {
     match how {
-        "fresh" => Ok(Acquisition::Fresh),
+        // A waiter taking the lease a release granted its ticket is a new lease to it.
+        "fresh" | "claimed" => Ok(Acquisition::Fresh),
         "reacquired" => Ok(Acquisition::Reacquired),
         "taken_over" => Ok(Acquisition::TakenOver),
         other => Err(StoreError::Internal(anyhow::anyhow!(
@@ -1084,10 +970,6 @@ fn ttl_param(seconds: u32) -> i32 {
 fn fence(row: &Row, index: usize) -> Result<Fence> {
     Fence::new(row.get(index)).map_err(|e| StoreError::corrupt("fence", e))
 }
-
-/// Raised by `fencelock_in_time` (see the migrations): the request's deadline had passed
-/// when the database was about to write, so it wrote nothing.
-const DEADLINE_PASSED: &str = "FL408";
 
 /// The one place PostgreSQL failures are sorted, by SQLSTATE and connection state, never by
 /// the server's message text: a TLS setting that cannot work (a failed handshake, a server
@@ -1113,9 +995,21 @@ pub fn classify(e: tokio_postgres::Error) -> StoreError {
     }
     match e.code() {
         Some(code) if code.code() == DEADLINE_PASSED => StoreError::too_late(),
+        Some(code) if code.code() == CHANGED_MEANWHILE => StoreError::unavailable(
+            "a lease was changed or held from outside fencelock while it was decided; try again",
+        ),
         _ => fencelock::guard::postgres::classify(e),
     }
 }
+
+/// Raised by `fencelock_apply` when a request's deadline passed before its decision was
+/// committed (see the migration): nothing was written.
+const DEADLINE_PASSED: &str = "FL408";
+
+/// Raised by `fencelock_apply` when a lease was changed between its look and its write, or its
+/// row held past the request's deadline, by a writer that did not take the resource's lock
+/// (see the migration): nothing was written.
+const CHANGED_MEANWHILE: &str = "FL409";
 
 /// A failure to get a connection, sorted as [`classify`] sorts the database's own refusals
 /// (none of them a reason for a `500`).
@@ -1130,7 +1024,8 @@ pub fn classify_pool(e: PoolError) -> StoreError {
 const LIST: &str = r#"
 SELECT resource, fence, acquired_at, expires_at, now()
 FROM leases
-WHERE resource >= $1 COLLATE "C" AND resource < $2 COLLATE "C" AND expires_at > now()
+WHERE resource >= $1 COLLATE "C" AND resource < $2 COLLATE "C" AND ended_at IS NULL
+  AND expires_at > now()
 ORDER BY resource COLLATE "C"
 LIMIT $3"#;
 

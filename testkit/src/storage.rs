@@ -168,25 +168,19 @@ impl TestDb {
 
     /// Makes the lease on `resource` expire `ago_ms` milliseconds ago by the store's own
     /// clock, the way time passing would, without waiting for it. The lease's history row
-    /// follows, as it does when time passes.
+    /// follows, as it does when time passes (on PostgreSQL the lease row is its history).
     pub async fn age(&self, resource: &str, ago_ms: i64) {
         let updated: i64 = match self {
             Self::Postgres { .. } => pg_connect(&self.url())
                 .await
-                .query_one(
-                    "WITH aged AS (
-                         UPDATE leases SET expires_at = now() - $2::bigint * interval '1 millisecond'
-                         WHERE resource = $1 RETURNING fence, expires_at
-                     ), history AS (
-                         UPDATE lease_history h SET expires_at = a.expires_at
-                         FROM aged a WHERE h.fence = a.fence
-                     )
-                     SELECT count(*) FROM aged",
+                .execute(
+                    "UPDATE leases SET expires_at = now() - $2::bigint * interval '1 millisecond'
+                     WHERE resource = $1 AND ended_at IS NULL",
                     &[&resource, &ago_ms],
                 )
                 .await
-                .expect("ageing a lease")
-                .get(0),
+                .map(|n| n as i64)
+                .expect("ageing a lease"),
             Self::Sqlite { path, .. } => {
                 let conn = sqlite(path);
                 let expired = chrono::Utc::now().timestamp_millis() - ago_ms;
@@ -213,7 +207,7 @@ impl TestDb {
         self.change(
             "ageing a history",
             (
-                "UPDATE lease_history SET
+                "UPDATE leases SET
                      acquired_at = acquired_at - $2::bigint * interval '1 millisecond',
                      expires_at = expires_at - $2::bigint * interval '1 millisecond',
                      ended_at = ended_at - $2::bigint * interval '1 millisecond'
@@ -232,7 +226,7 @@ impl TestDb {
 
     /// Rows in the lease history for `resource`.
     pub async fn history_rows(&self, resource: &str) -> i64 {
-        self.count("lease_history", Some(resource)).await
+        self.count(Rows::History, Some(resource)).await
     }
 
     /// Runs SQL (the same text on both stores) on the store's database, as an operator would.
@@ -275,7 +269,7 @@ impl TestDb {
 
     /// Tickets queued for `resource` (waiting acquisitions), live or expired.
     pub async fn waiters(&self, resource: &str) -> i64 {
-        self.count("lease_waiters", Some(resource)).await
+        self.count(Rows::Waiters, Some(resource)).await
     }
 
     /// Queues a ticket for `resource` that lives `live_for_ms` by the store's clock, as a
@@ -296,9 +290,10 @@ impl TestDb {
         .await;
     }
 
-    /// Rows in the lease table for `resource`, live or expired.
+    /// Leases of `resource` that are its current one, live or expired: 1, or 0 once it was
+    /// released or purged.
     pub async fn rows(&self, resource: &str) -> i64 {
-        self.count("leases", Some(resource)).await
+        self.count(Rows::Current, Some(resource)).await
     }
 
     /// Adds `count` leases on one-off resources that expired `ago_ms` milliseconds ago.
@@ -324,9 +319,9 @@ impl TestDb {
         .await;
     }
 
-    /// Every row in the lease table.
+    /// Every resource's current lease, live or expired.
     pub async fn total_rows(&self) -> i64 {
-        self.count("leases", None).await
+        self.count(Rows::Current, None).await
     }
 
     /// Runs one statement that changes the tables, in the store's own dialect: `on_postgres`
@@ -355,14 +350,28 @@ impl TestDb {
         }
     }
 
-    /// Rows in `table`: those of `resource`, or all of them.
-    async fn count(&self, table: &str, resource: Option<&str>) -> i64 {
-        let filter = if resource.is_some() {
-            " WHERE resource = $1"
-        } else {
-            ""
+    /// `rows` of `resource`, or of all resources.
+    async fn count(&self, rows: Rows, resource: Option<&str>) -> i64 {
+        // PostgreSQL keeps a resource's history in its lease table, its current lease being
+        // the row not yet ended; SQLite keeps the current lease and the history apart.
+        let (table, condition) = match (self, rows) {
+            (_, Rows::Waiters) => ("lease_waiters", None),
+            (Self::Postgres { .. }, Rows::Current) => ("leases", Some("ended_at IS NULL")),
+            (Self::Postgres { .. }, Rows::History) => ("leases", None),
+            (Self::Sqlite { .. }, Rows::Current) => ("leases", None),
+            (Self::Sqlite { .. }, Rows::History) => ("lease_history", None),
         };
         // `$1` is a numbered parameter on both stores.
+        let filters: Vec<&str> = resource
+            .map(|_| "resource = $1")
+            .into_iter()
+            .chain(condition)
+            .collect();
+        let filter = if filters.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", filters.join(" AND "))
+        };
         let sql = format!("SELECT count(*) FROM {table}{filter}");
         let counted = match self {
             Self::Postgres { .. } => {
@@ -420,7 +429,7 @@ impl RowLock {
         session.batch_execute("BEGIN").await.expect("BEGIN");
         let locked = session
             .execute(
-                "SELECT 1 FROM leases WHERE resource = $1 FOR UPDATE",
+                "SELECT 1 FROM leases WHERE resource = $1 AND ended_at IS NULL FOR UPDATE",
                 &[&resource],
             )
             .await
@@ -442,6 +451,17 @@ impl RowLock {
             .await
             .expect("ROLLBACK");
     }
+}
+
+/// What [`TestDb::count`] counts.
+#[derive(Clone, Copy)]
+enum Rows {
+    /// Each resource's current lease.
+    Current,
+    /// Every lease the history keeps, the current one included.
+    History,
+    /// Tickets in the waiting queues.
+    Waiters,
 }
 
 fn sqlite(path: &std::path::Path) -> rusqlite::Connection {

@@ -108,7 +108,8 @@ async fn lease_is_free_once_its_expiry_has_passed(kind: StoreKind) {
 /// Acquires `job:1` for `owner`, by the decision's own SQL, in `tx`; returns what it did (`how`).
 async fn acquire_in(tx: &tokio_postgres::Transaction<'_>, owner: &str) -> Option<String> {
     tx.query_opt(
-        "SELECT how FROM fencelock_acquire('job:1', $1, 60, now() + interval '1 minute', NULL, NULL, 0, NULL)",
+        "SELECT outcome FROM fencelock_apply('{acquire}', '{job:1}', ARRAY[$1], '{60}', '{NULL}',
+             '{NULL}', '{NULL}', '{NULL}', '{0}', ARRAY[now() + interval '1 minute'], 0)",
         &[&owner],
     )
     .await
@@ -130,14 +131,15 @@ async fn postgres_lease_is_expired_at_its_expiry_instant() {
     tokio::spawn(connection);
     let tx = client.transaction().await.unwrap();
     tx.execute(
-        "UPDATE leases SET expires_at = now() WHERE resource = 'job:1'",
+        "UPDATE leases SET expires_at = now() WHERE resource = 'job:1' AND ended_at IS NULL",
         &[],
     )
     .await
     .unwrap();
     assert_eq!(acquire_in(&tx, "b").await, Some("taken_over".to_owned()));
     tx.execute(
-        "UPDATE leases SET expires_at = clock_timestamp() + interval '10 seconds' WHERE resource = 'job:1'",
+        "UPDATE leases SET expires_at = clock_timestamp() + interval '10 seconds'
+         WHERE resource = 'job:1' AND ended_at IS NULL",
         &[],
     )
     .await

@@ -2,9 +2,10 @@
 //! and one commit, with the same answers as alone. These tests talk to the server's store
 //! directly, so that many requests are in flight at exactly the same time.
 //!
-//! The PostgreSQL-only tests make batches on purpose: both committers are first held up on
-//! row locks taken by another session ([`HeldCommitters`]), the requests are queued behind
-//! them, and once they are let go one committer takes everything queued as one batch.
+//! The PostgreSQL-only tests make batches on purpose: every committer is first held up on a
+//! row lock taken by another session ([`HeldCommitters`]), the requests are queued behind
+//! them, and once they are let go the first committer free takes everything queued as one
+//! batch.
 
 use std::collections::HashSet;
 use std::pin::Pin;
@@ -18,6 +19,7 @@ use fencelock::domain::{
     LockDelay, Owner, PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome,
     RenewRequest, ResourceName, TokenQuota, Ttl,
 };
+use fencelock_server::postgres::COMMITTERS;
 use fencelock_server::{Deadline, SharedStore, StoreError};
 use futures_util::future::{JoinAll, join_all};
 
@@ -288,8 +290,8 @@ async fn queued<F: Future>(futures: impl IntoIterator<Item = F>) -> Pin<Box<Join
     all
 }
 
-/// Both committers of a PostgreSQL store, each waiting for a row lock that another session
-/// holds, so that requests queue behind them.
+/// Every committer of a PostgreSQL store (the test server's pool is larger than their number),
+/// each waiting for a row lock that another session holds, so that requests queue behind them.
 struct HeldCommitters {
     locks: Vec<RowLock>,
     waiting: Vec<tokio::task::JoinHandle<Result<AcquireOutcome, StoreError>>>,
@@ -301,7 +303,7 @@ impl HeldCommitters {
             locks: Vec::new(),
             waiting: Vec::new(),
         };
-        for i in 0..2 {
+        for i in 0..COMMITTERS {
             let gate = format!("gate-{i}");
             granted(
                 app.store
@@ -315,13 +317,13 @@ impl HeldCommitters {
                     .acquire(&acquire(&gate, "gatekeeper"), in_time())
                     .await
             }));
-            wait_for_waiters(&lock, i + 1).await;
+            wait_for_waiters(&lock, i64::try_from(i + 1).unwrap()).await;
             held.locks.push(lock);
         }
         held
     }
 
-    /// Lets both committers go; their requests are granted.
+    /// Lets every committer go; their requests are granted.
     async fn release(self) {
         for lock in self.locks {
             lock.release().await;
@@ -343,7 +345,7 @@ async fn wait_for_waiters(lock: &RowLock, count: i64) {
 }
 
 /// The scene of a batch that meets a locked row: `x` acquired by `w` (its fence returned), its
-/// row then locked by another session, and both committers held.
+/// row then locked by another session, and every committer held.
 async fn x_held_and_locked(app: &TestApp) -> (i64, RowLock, HeldCommitters) {
     let (before, _) = granted(app.store.acquire(&acquire("x", "w"), in_time()).await);
     let x = RowLock::take(&app.db, "x").await;
@@ -762,7 +764,8 @@ async fn a_grant_that_waited_for_a_row_lock_is_stamped_after_it() {
         let session = crate::helpers::pg_connect(&app.db.url()).await;
         session
             .execute(
-                "UPDATE leases SET expires_at = now() - interval '1 second' WHERE resource = $1",
+                "UPDATE leases SET expires_at = now() - interval '1 second'
+                 WHERE resource = $1 AND ended_at IS NULL",
                 &[&resource],
             )
             .await
@@ -770,7 +773,7 @@ async fn a_grant_that_waited_for_a_row_lock_is_stamped_after_it() {
         session.batch_execute("BEGIN").await.unwrap();
         let locked = session
             .execute(
-                "SELECT 1 FROM leases WHERE resource = $1 FOR UPDATE",
+                "SELECT 1 FROM leases WHERE resource = $1 AND ended_at IS NULL FOR UPDATE",
                 &[&resource],
             )
             .await

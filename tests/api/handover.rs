@@ -31,7 +31,7 @@ async fn a_release_grants_the_lease_to_the_first_ticket() {
     let lease = db
         .query_one(
             "SELECT owner, fence, acquired_at, expires_at - acquired_at = interval '7 seconds'
-             FROM leases WHERE resource = 'job'",
+             FROM leases WHERE resource = 'job' AND ended_at IS NULL",
             &[],
         )
         .await
@@ -42,7 +42,7 @@ async fn a_release_grants_the_lease_to_the_first_ticket() {
     assert!(lease.get::<_, bool>(3), "the waiter's own TTL");
     let ended: chrono::DateTime<chrono::Utc> = db
         .query_one(
-            "SELECT ended_at FROM lease_history WHERE fence = $1",
+            "SELECT ended_at FROM leases WHERE resource = 'job' AND fence = $1",
             &[&fence(&released)],
         )
         .await
@@ -103,7 +103,7 @@ async fn a_release_serves_only_a_live_ticket_with_its_acquisition() {
         );
         let rows: i64 = db
             .query_one(
-                "SELECT count(*) FROM leases WHERE resource = $1",
+                "SELECT count(*) FROM leases WHERE resource = $1 AND ended_at IS NULL",
                 &[&resource],
             )
             .await

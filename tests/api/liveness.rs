@@ -340,7 +340,7 @@ async fn a_crowd_of_waiters_behind_a_partition_is_served() {
     let rows = db
         .query(
             "SELECT fence, extract(epoch FROM coalesce(ended_at, now()) - acquired_at)::float8
-             FROM lease_history WHERE resource = 'r' AND fence <> $1",
+             FROM leases WHERE resource = 'r' AND fence <> $1",
             &[&fence(&holder)],
         )
         .await
@@ -463,14 +463,25 @@ async fn a_resource_keeps_a_bounded_history(kind: StoreKind) {
     // Older leases of the resource, below the fences the server will issue.
     db.set_last_fence(10_000).await;
     // An hour ago: well inside the history's retention.
-    let long_ago = match kind {
-        StoreKind::Postgres => "now() - interval '1 hour'".to_owned(),
-        StoreKind::Sqlite => (chrono::Utc::now().timestamp_millis() - 3_600_000).to_string(),
+    // PostgreSQL's lease table is its own history; SQLite keeps the history apart.
+    let (long_ago, history, owner, looper) = match kind {
+        StoreKind::Postgres => (
+            "now() - interval '1 hour'".to_owned(),
+            "leases",
+            "owner, ",
+            "'looper', ",
+        ),
+        StoreKind::Sqlite => (
+            (chrono::Utc::now().timestamp_millis() - 3_600_000).to_string(),
+            "lease_history",
+            "",
+            "",
+        ),
     };
     db.execute(&format!(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1100)
-         INSERT INTO lease_history (fence, resource, acquired_at, expires_at, ended_at, end_kind)
-         SELECT i, 'loop', {long_ago}, {long_ago}, {long_ago}, 'released' FROM n"
+         INSERT INTO {history} (fence, resource, {owner}acquired_at, expires_at, ended_at, end_kind)
+         SELECT i, 'loop', {looper}{long_ago}, {long_ago}, {long_ago}, 'released' FROM n"
     ))
     .await;
     let mut fences = Vec::new();

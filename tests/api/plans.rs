@@ -38,10 +38,10 @@ async fn explain(
 
 /// A prepared statement's generic plan is costed on the table as it is when the plan is made.
 /// Made on an empty, freshly analysed table (a new deployment, or the first minutes after a
-/// quiet spell), a primary-key lookup would be a sequential scan, kept while the table grows.
-/// The server's sessions must plan it as an index scan all the same.
+/// quiet spell), a lookup of a resource's current lease would be a sequential scan, kept while
+/// the table grows. The server's sessions must plan it as an index scan all the same.
 #[tokio::test]
-async fn a_lookup_planned_on_an_empty_table_uses_the_primary_key() {
+async fn a_lookup_planned_on_an_empty_table_uses_an_index() {
     let app = TestApp::spawn(StoreKind::Postgres).await;
     let session = session(&app).await;
     // VACUUM cannot share a multi-statement string (an implicit transaction).
@@ -60,57 +60,48 @@ async fn a_lookup_planned_on_an_empty_table_uses_the_primary_key() {
         .unwrap();
     let plan = explain(
         &session,
-        "SELECT owner, fence FROM leases WHERE resource = $1 FOR UPDATE",
+        "SELECT owner, fence FROM leases WHERE resource = $1 AND ended_at IS NULL",
         &[&"plan:1"],
     )
     .await;
     assert!(
-        plan.contains("Index Scan using leases_pkey"),
+        plan.contains("Index Scan using leases_current_idx"),
         "the lookup is not an index scan:\n{plan}"
     );
 }
 
-/// A lease's history row is written again when the lease is renewed or ends (its
-/// `expires_at`, `renewals`, `ended_at` and `end_kind`). No index may cover those columns,
-/// so that those updates stay heap-only (HOT) and touch no index; the retention purge finds
-/// old rows by `acquired_at`, which is written once.
+/// The lease table is its own history, and rows are appended in acquisition order: the
+/// retention purge finds the old rows by the block range index on `acquired_at`, not by a scan
+/// of the whole table, and a resource's history is a range of the primary key.
 #[tokio::test]
-async fn history_updates_touch_no_index() {
+async fn history_reads_and_the_purge_use_their_indexes() {
     let app = TestApp::spawn(StoreKind::Postgres).await;
     let session = session(&app).await;
-    let indexed: Vec<String> = session
-        .query(
-            "SELECT DISTINCT a.attname::text
-             FROM pg_index i
-             JOIN pg_attribute a ON a.attrelid = i.indrelid
-             WHERE i.indrelid = 'lease_history'::regclass
-               AND (a.attnum = ANY (i.indkey)
-                    OR pg_get_expr(i.indexprs, i.indrelid) ~ ('\\m' || a.attname || '\\M'))
-             ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    assert_eq!(indexed, ["acquired_at", "fence", "resource"]);
-
     session
         .batch_execute("SET plan_cache_mode = force_generic_plan")
         .await
         .unwrap();
     let plan = explain(
         &session,
-        "SELECT fence FROM lease_history
+        "SELECT resource, fence FROM leases
              WHERE acquired_at < now() - $1::bigint * interval '1 millisecond'
-               AND coalesce(ended_at, expires_at) < now() - $1::bigint * interval '1 millisecond'
+               AND ended_at < now() - $1::bigint * interval '1 millisecond'
              LIMIT 100",
         &[&3_600_000_i64],
     )
     .await;
     assert!(
-        plan.contains("lease_history_acquired_idx"),
+        plan.contains("leases_acquired_brin"),
         "the purge does not use the acquired_at index:\n{plan}"
+    );
+    let plan = explain(
+        &session,
+        r#"SELECT fence FROM leases WHERE resource = $1 COLLATE "C" ORDER BY fence DESC LIMIT $2"#,
+        &[&"r", &50_i64],
+    )
+    .await;
+    assert!(
+        plan.contains("leases_pkey"),
+        "the history is not a range of the primary key:\n{plan}"
     );
 }

@@ -27,6 +27,9 @@ pub enum RecordedEnd {
     Released,
     /// Expired, then acquired by another owner.
     TakenOver,
+    /// Ended by its expiry: acquired again by its own owner afterwards, or purged long after.
+    /// (A store may also leave such a lease without a recorded end: it reads the same.)
+    Expired,
 }
 
 impl RecordedEnd {
@@ -35,6 +38,7 @@ impl RecordedEnd {
         match self {
             Self::Released => "released",
             Self::TakenOver => "taken_over",
+            Self::Expired => "expired",
         }
     }
 
@@ -42,6 +46,7 @@ impl RecordedEnd {
         match text {
             "released" => Some(Self::Released),
             "taken_over" => Some(Self::TakenOver),
+            "expired" => Some(Self::Expired),
             _ => None,
         }
     }
@@ -92,6 +97,7 @@ impl PastLease {
                 Some(self.released_at.unwrap_or(self.expires_at)),
             ),
             Some(RecordedEnd::TakenOver) => (LeaseEnd::TakenOver, Some(self.expires_at)),
+            Some(RecordedEnd::Expired) => (LeaseEnd::Expired, Some(self.expires_at)),
             // Live while now < expires_at, as every lease (`decide::Current::is_live`).
             None if now < self.expires_at => (LeaseEnd::Live, None),
             None => (LeaseEnd::Expired, Some(self.expires_at)),
@@ -149,7 +155,7 @@ mod tests {
         for bad in [0, 1001, u64::MAX] {
             assert_eq!(HistoryLimit::new(bad), None);
         }
-        for end in ["released", "taken_over"] {
+        for end in ["released", "taken_over", "expired"] {
             assert_eq!(RecordedEnd::from_stored(end).unwrap().as_str(), end);
         }
         assert_eq!(RecordedEnd::from_stored("live"), None);

@@ -1,36 +1,36 @@
 //! Group commit: acquisitions, renewals and releases that arrive together are decided by one
-//! statement (`fencelock_apply`, docs/design/0001-group-commit.md), in one transaction, with one
+//! call of `fencelock_apply` (docs/design/0001-group-commit.md), in one transaction, with one
 //! commit and one round trip for all of them.
 //!
-//! Requests are queued, and one committer, the lead, takes them: the first request that comes
-//! and whatever else is queued at that moment (up to the batch maximum), sent as one
-//! statement; each request is answered once the commit is done. There is no waiting window: a
-//! request that finds the lead idle goes at once, as a batch of one; under load, requests
-//! queue while the lead's batch runs and the next batch grows by itself. One batch at a time
-//! makes the batches as large as the load allows, and a batch's cost to the database is
-//! mostly per statement, not per request. A standby committer takes the queued requests only
-//! while the lead has been stuck on one batch for [`STANDBY_AFTER`] (a row held from outside,
-//! a slow database), so that one slow batch does not hold up all the others.
+//! Requests are queued, and a few committers take them: a committer that is free takes the
+//! first request that comes and whatever else is queued at that moment (up to the batch
+//! maximum), sent as one statement; each request is answered once the commit is done. There
+//! is no waiting window: a request that finds a committer free goes at once, as a batch of
+//! one; under load, requests queue while the committers' batches run, and the next batches
+//! grow by themselves. Several batches in flight keep the database busy while another batch
+//! waits for its commit to reach the disk, as PostgreSQL's own group commit does for its
+//! sessions, and one batch held up (a row held from outside, a slow database) holds up no
+//! other.
 //!
 //! What holds:
-//! - Each request is decided by the rules of its single statement, against the state left by
-//!   the requests before it in the batch. A batch is sent sorted by resource; requests for
-//!   one resource in one batch are decided in queue order. Batches running at the same time
-//!   meet only on lease row locks, which each takes in resource order, so they never
-//!   deadlock (see the migration). Which of two such batches decides a resource first is up
-//!   to the row lock, as it is for two single statements: both requests were in flight
-//!   together.
+//! - A batch holds at most one request per resource (and one acquisition under each token's
+//!   quota): a second one waits for the next batch, in queue order. The requests of a batch
+//!   are therefore independent, and `fencelock_apply` decides them together, each by the
+//!   rules of its single form. Batches meet only on the advisory locks of their resources and
+//!   tokens, which each takes in one global order, so they never deadlock (see the
+//!   migration); which of two batches decides a resource first is up to that lock, as it is
+//!   for two single statements: both requests were in flight together.
 //! - A request is answered only once its batch has committed. A request whose deadline has
 //!   passed before its batch is sent, or before its row is written, is answered "too late"
 //!   (`503`) and nothing of it is written; the others in the batch go on.
-//! - If the database reports an error for the batch (a statement timeout, a row lock held
+//! - If the database reports an error for the batch (a statement timeout, a lock held
 //!   longer than the batch waits for one), nothing was committed: each request is then
-//!   decided alone, by the single statements, so one bad request never fails the others. If
-//!   the connection fails instead, the commit's fate is unknown: every request of the batch
-//!   is answered with that error (a `503`) and none is run again, since a release that did
-//!   commit would be answered "not found" the second time.
-//! - An acquisition with a quota is never batched (see `PgStore::acquire`).
+//!   decided alone, so one bad request never fails the others. If the connection fails
+//!   instead, the commit's fate is unknown: every request of the batch is answered with that
+//!   error (a `503`) and none is run again, since a release that did commit would be
+//!   answered "not found" the second time.
 
+use std::collections::{HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use futures_util::FutureExt as _;
 use prometheus::{Histogram, IntCounter};
-use tokio::sync::{Mutex, Notify, mpsc, oneshot};
+use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::Row;
 use tokio_postgres::error::Severity;
 use tokio_postgres::types::{FromSql, ToSql};
@@ -48,33 +48,27 @@ use super::{DRIVERS, Db, acquisition, classify};
 use crate::store::{Deadline, StoreError};
 use fencelock::domain::{
     AcquireOutcome, AcquireRequest, Fence, Lease, Owner, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, ResourceName,
+    RenewOutcome, RenewRequest, ResourceName, Ticket,
 };
 use fencelock::metrics::{self, Registry};
 
-/// Committers per store: the lead and the standby (only the lead with a pool of one); each
+/// Most batches one store has in flight at once (fewer with a smaller pool); each committer
 /// holds one pooled connection while it works.
-const COMMITTERS: usize = 2;
+pub const COMMITTERS: usize = 4;
 
-/// How long the lead may be on one batch before the standby takes the requests queued behind
-/// it. Far above a batch's usual time (a statement and a commit: about a millisecond, a few
-/// under load), so that the standby works only when the lead is held up, by a row lock or a
-/// database that has slowed down.
-const STANDBY_AFTER: Duration = Duration::from_millis(20);
-
-/// Longest a batch waits for one row lock (less with a short store timeout, see
-/// [`lock_wait`]). Lease rows are locked only by single statements, each its own short
-/// transaction, so a longer wait means a transaction from outside holds a row: the batch then
-/// gives up, and its requests are decided alone, each waiting only for its own row.
+/// Longest a batch waits for one lock (less with a short store timeout, see [`lock_wait`]).
+/// Leases are changed only by decisions, each a short transaction, so a longer wait means a
+/// transaction from outside holds a row: the batch then gives up, and its requests are decided
+/// alone, each waiting only for its own resource.
 const LOCK_WAIT_MAX: Duration = Duration::from_secs(1);
 
 /// How much longer than the statement timeout a committer waits for an answer before it
 /// gives the connection up (a network partition delivers no error, only silence).
 const NO_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
-const APPLY: &str = "
+pub(super) const APPLY: &str = "
 SELECT ord, outcome, fence, acquired_at, expires_at, observed_at
-FROM fencelock_apply($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+FROM fencelock_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 
 /// What the committers count, for every app that shows the store's metrics.
 #[derive(Clone)]
@@ -121,15 +115,15 @@ impl Batcher {
         let (queue, jobs) = mpsc::unbounded_channel();
         let committers = Arc::new(Committers {
             db,
-            jobs: Mutex::new(jobs),
+            intake: Mutex::new(Intake {
+                jobs,
+                deferred: VecDeque::new(),
+            }),
             batch_max,
             metrics,
-            lead: std::sync::Mutex::new(Lead::default()),
-            lead_took: Notify::new(),
         });
-        DRIVERS.spawn(committers.clone().lead());
-        if pool_size.clamp(1, COMMITTERS) > 1 {
-            DRIVERS.spawn(committers.standby());
+        for _ in 0..pool_size.clamp(1, COMMITTERS) {
+            DRIVERS.spawn(committers.clone().run());
         }
         Self { queue }
     }
@@ -189,6 +183,18 @@ impl Job {
         each_kind!(&self.op, req, _ => req.resource.as_str())
     }
 
+    /// The token whose quota this request must keep: an acquisition's, with a quota.
+    fn quota_token(&self) -> Option<&str> {
+        match &self.op {
+            Op::Acquire(req, _) => req
+                .token
+                .as_ref()
+                .filter(|t| t.max_leases.is_some())
+                .map(|t| t.name.as_str()),
+            Op::Renew(..) | Op::Release(..) => None,
+        }
+    }
+
     /// Nobody waits for the answer any more: the request was answered `503` on its timeout,
     /// or its client went away. Not doing the work is then the same as never being asked.
     fn abandoned(&self) -> bool {
@@ -210,7 +216,7 @@ impl Job {
         let _ = each_kind!(self.op, req, reply => reply.send(req.outcome(row)).is_ok());
     }
 
-    /// Decides the request by its single statement.
+    /// Decides the request alone.
     async fn decide_alone(self, db: &Db) {
         if self.abandoned() {
             return;
@@ -243,23 +249,81 @@ fn no_answer(bound: Duration) -> StoreError {
 /// What the committers of one store share.
 struct Committers {
     db: Arc<Db>,
-    jobs: Mutex<mpsc::UnboundedReceiver<Job>>,
+    intake: Mutex<Intake>,
     batch_max: usize,
     metrics: BatchMetrics,
-    /// What the lead is doing, for the standby.
-    lead: std::sync::Mutex<Lead>,
-    /// Woken when the lead takes a batch or stops.
-    lead_took: Notify,
 }
 
-/// The lead committer's state, as the standby sees it.
-#[derive(Clone, Copy, Default)]
-struct Lead {
-    /// When it took the batch it is on (which also tells one batch from the next); `None`
-    /// while it waits for requests.
-    since: Option<Instant>,
-    /// The queue is closed and empty: the lead is done.
-    stopped: bool,
+/// Where batches come from: the queue, and the requests an earlier batch could not take
+/// (a second request for one of its resources), which go first, in their order.
+struct Intake {
+    jobs: mpsc::UnboundedReceiver<Job>,
+    deferred: VecDeque<Job>,
+}
+
+impl Intake {
+    /// The next request (waiting for one) and every request queued behind it that the batch
+    /// can take, up to `max`; `None` once the store is gone and nothing is queued.
+    async fn next_batch(&mut self, max: usize) -> Option<Vec<Job>> {
+        let first = match self.deferred.pop_front() {
+            Some(job) => job,
+            None => self.jobs.recv().await?,
+        };
+        let mut batch = Batch::new(first);
+        let mut skipped = VecDeque::new();
+        while batch.jobs.len() < max {
+            let Some(job) = self.deferred.pop_front() else {
+                break;
+            };
+            batch.take(job, &mut skipped);
+        }
+        while batch.jobs.len() < max {
+            let Ok(job) = self.jobs.try_recv() else {
+                break;
+            };
+            batch.take(job, &mut skipped);
+        }
+        // Left over: the skipped requests, then what the batch had no room for, in order.
+        skipped.append(&mut self.deferred);
+        self.deferred = skipped;
+        Some(batch.jobs)
+    }
+}
+
+/// A batch being gathered: its requests, and the resources and quota tokens they claim.
+struct Batch {
+    jobs: Vec<Job>,
+    resources: HashSet<String>,
+    tokens: HashSet<String>,
+}
+
+impl Batch {
+    fn new(first: Job) -> Self {
+        let mut batch = Self {
+            jobs: Vec::new(),
+            resources: HashSet::new(),
+            tokens: HashSet::new(),
+        };
+        let mut none = VecDeque::new();
+        batch.take(first, &mut none);
+        batch
+    }
+
+    /// Adds `job`, or puts it in `skipped` if the batch already has a request for its
+    /// resource, or an acquisition under its token's quota.
+    fn take(&mut self, job: Job, skipped: &mut VecDeque<Job>) {
+        let taken = self.resources.contains(job.resource())
+            || job.quota_token().is_some_and(|t| self.tokens.contains(t));
+        if taken {
+            skipped.push_back(job);
+            return;
+        }
+        self.resources.insert(job.resource().to_owned());
+        if let Some(token) = job.quota_token() {
+            self.tokens.insert(token.to_owned());
+        }
+        self.jobs.push(job);
+    }
 }
 
 /// Why a batch got no answers.
@@ -289,89 +353,28 @@ impl From<tokio_postgres::Error> for Failure {
 }
 
 impl Committers {
-    /// The lead: takes batches off the queue until the store is gone and the queue is empty.
-    async fn lead(self: Arc<Self>) {
-        while let Some(batch) = self.next_batch().await {
-            self.update_lead(|lead| lead.since = Some(Instant::now()));
-            self.lead_took.notify_one();
-            self.commit_guarded(batch).await;
-            self.update_lead(|lead| lead.since = None);
-        }
-        self.update_lead(|lead| lead.stopped = true);
-        self.lead_took.notify_one();
-    }
-
-    /// The standby: takes batches off the queue only while the lead has been on one batch for
-    /// [`STANDBY_AFTER`] or longer.
-    async fn standby(self: Arc<Self>) {
+    /// One committer: takes batches off the queue until the store is gone and nothing is
+    /// left.
+    async fn run(self: Arc<Self>) {
         loop {
-            let seen = self.lead_now();
-            if seen.stopped {
+            let batch = self.intake.lock().await.next_batch(self.batch_max).await;
+            let Some(batch) = batch else {
                 return;
-            }
-            let Some(since) = seen.since else {
-                // A wake-up stored while nobody waited is kept, so a batch taken between the
-                // look and the wait is not missed.
-                self.lead_took.notified().await;
-                continue;
             };
-            tokio::time::sleep_until((since + STANDBY_AFTER).into()).await;
-            if self.lead_now().since != Some(since) {
-                // The lead is done with that batch.
-                continue;
-            }
-            match self.next_batch().await {
-                Some(batch) => self.commit_guarded(batch).await,
-                None => return,
-            }
-        }
-    }
-
-    fn lead_now(&self) -> Lead {
-        *self
-            .lead
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn update_lead(&self, change: impl FnOnce(&mut Lead)) {
-        change(
-            &mut self
-                .lead
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-    }
-
-    async fn commit_guarded(&self, batch: Vec<Job>) {
-        // A panic is a bug; it drops the batch's answers (its requests get `503`), not the
-        // committer.
-        if AssertUnwindSafe(self.commit(batch))
-            .catch_unwind()
-            .await
-            .is_err()
-        {
-            tracing::error!("a PostgreSQL batch panicked; its requests were answered 503");
-        }
-    }
-
-    /// The next request (waiting for one) and every request queued behind it, up to the
-    /// batch maximum; `None` once the store is gone and nothing is queued.
-    async fn next_batch(&self) -> Option<Vec<Job>> {
-        let mut jobs = self.jobs.lock().await;
-        let first = jobs.recv().await?;
-        let mut batch = vec![first];
-        while batch.len() < self.batch_max {
-            match jobs.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
+            // A panic is a bug; it drops the batch's answers (its requests get `503`), not
+            // the committer.
+            if AssertUnwindSafe(self.commit(batch))
+                .catch_unwind()
+                .await
+                .is_err()
+            {
+                tracing::error!("a PostgreSQL batch panicked; its requests were answered 503");
             }
         }
-        Some(batch)
     }
 
     async fn commit(&self, batch: Vec<Job>) {
-        let mut batch: Vec<Job> = batch
+        let batch: Vec<Job> = batch
             .into_iter()
             .filter(|job| !job.abandoned())
             .filter_map(|job| {
@@ -386,10 +389,6 @@ impl Committers {
         if batch.is_empty() {
             return;
         }
-        // The order `fencelock_apply` takes its rows in, the same in every batch (byte order;
-        // resource names are ASCII, so the database's "C" order agrees). Stable: requests
-        // for one resource stay in queue order.
-        batch.sort_by(|a, b| a.resource().cmp(b.resource()));
         self.metrics.sizes.observe(batch.len() as f64);
         let span = tracing::debug_span!("pg_batch", size = batch.len());
         match self.apply(&batch).instrument(span).await {
@@ -482,16 +481,18 @@ impl Committers {
     }
 }
 
-/// Decides each request of a batch (in resource order) that the database refused by its
-/// single statement: requests for one resource one after the other, in queue order;
-/// different resources at the same time, so that one request waiting for its row holds up
-/// no other.
+/// Decides each request of a batch the database refused on its own: requests for one
+/// resource one after the other, in queue order; different resources at the same time, so
+/// that one request waiting for its row holds up no other.
 async fn decide_each_alone(db: &Db, batch: Vec<Job>) {
     let mut groups: Vec<Vec<Job>> = Vec::new();
     for job in batch {
-        match groups.last_mut() {
-            Some(group) if group[0].resource() == job.resource() => group.push(job),
-            _ => groups.push(vec![job]),
+        match groups
+            .iter_mut()
+            .find(|group| group[0].resource() == job.resource())
+        {
+            Some(group) => group.push(job),
+            None => groups.push(vec![job]),
         }
     }
     futures_util::future::join_all(groups.into_iter().map(|group| async move {
@@ -502,7 +503,7 @@ async fn decide_each_alone(db: &Db, batch: Vec<Job>) {
     .await;
 }
 
-/// The longest a batch waits for one row lock: [`LOCK_WAIT_MAX`], or a quarter of a shorter
+/// The longest a batch waits for one lock: [`LOCK_WAIT_MAX`], or a quarter of a shorter
 /// statement timeout, so that the requests have time left to be decided alone.
 fn lock_wait(statement_timeout: Duration) -> i32 {
     let wait = (statement_timeout / 4)
@@ -525,22 +526,12 @@ pub(super) trait Batched: Clone + Send + Sync + 'static {
     fn outcome(&self, row: &Row) -> Result<Self::Outcome, StoreError>;
 
     /// The request decided alone, by `fencelock_apply` with this request only: the rules (and
-    /// the history they write) exist once, in SQL, for batches and single statements alike.
-    /// Its statement waits for its row lock without a bound of its own (the statement
-    /// timeout still holds), as every single statement does; its `now()` is taken as a clock
-    /// sample. (An acquisition alone has a statement of its own, see `Db::acquire_alone`.)
+    /// the history they write) exist once, in SQL, for batches and single requests alike.
+    /// It waits for its locks without a bound of its own (the statement timeout still holds),
+    /// as every single statement does.
     async fn alone(&self, db: &Db, deadline: Deadline) -> Result<Self::Outcome, StoreError> {
-        let until = vec![db.database_deadline(deadline).await?];
-        let client = db.client().await?;
-        let statement = client.prepare_cached(APPLY).await.map_err(classify)?;
-        let arrays = Arrays::of([self.params()]);
-        let no_lock_wait_bound = 0_i32;
-        let sent = Instant::now();
-        let row = client
-            .query_one(&statement, &arrays.with(&until, &no_lock_wait_bound))
-            .await
-            .map_err(classify)?;
-        db.clock.sample(column(&row, 5)?, sent);
+        let until = db.database_deadline(deadline).await?;
+        let row = db.apply_alone(self.params(), until).await?;
         self.outcome(&row)
     }
 }
@@ -553,6 +544,10 @@ pub(super) struct Params<'a> {
     ttl: Option<i32>,
     fence: Option<Fence>,
     token: Option<&'a str>,
+    /// The token's quota, for an acquisition that must keep it.
+    max_leases: Option<i32>,
+    /// A waiter's ticket.
+    ticket: Option<Ticket>,
     /// An acquisition's lock delay in milliseconds; `None` for renew and release.
     lock_delay: Option<i32>,
 }
@@ -567,7 +562,18 @@ impl<'a> Params<'a> {
             ttl: None,
             fence: None,
             token: None,
+            max_leases: None,
+            ticket: None,
             lock_delay: None,
+        }
+    }
+
+    /// A waiter leaving the queue of `resource`, with the grant its ticket holds if the
+    /// grant stands.
+    pub(super) fn leave(resource: &'a ResourceName, owner: &'a Owner, ticket: Ticket) -> Self {
+        Self {
+            ticket: Some(ticket),
+            ..Self::of("leave", resource, owner)
         }
     }
 }
@@ -583,6 +589,12 @@ impl Batched for AcquireRequest {
         Params {
             ttl: Some(super::ttl_param(self.ttl.seconds())),
             token: self.token.as_ref().map(|t| t.name.as_str()),
+            max_leases: self
+                .token
+                .as_ref()
+                .and_then(|t| t.max_leases)
+                .map(|max| i32::try_from(max).unwrap_or(i32::MAX)),
+            ticket: self.ticket,
             lock_delay: Some(super::lock_delay_param(self)),
             ..Params::of("acquire", &self.resource, &self.owner)
         }
@@ -591,16 +603,15 @@ impl Batched for AcquireRequest {
     fn outcome(&self, row: &Row) -> Result<AcquireOutcome, StoreError> {
         Ok(match column::<&str>(row, 1)? {
             "held" => super::held(column(row, 4)?, column(row, 5)?, column(row, 3)?),
+            "quota_exceeded" => AcquireOutcome::QuotaExceeded {
+                max_leases: self.token.as_ref().and_then(|t| t.max_leases).unwrap_or(0),
+            },
             "too_late" => return Err(StoreError::too_late()),
             how => AcquireOutcome::Acquired {
                 how: acquisition(how)?,
                 lease: lease(&self.resource, &self.owner, row)?,
             },
         })
-    }
-
-    async fn alone(&self, db: &Db, deadline: Deadline) -> Result<AcquireOutcome, StoreError> {
-        db.acquire_alone(self, deadline).await
     }
 }
 
@@ -667,18 +678,20 @@ impl Batched for ReleaseRequest {
 }
 
 /// Requests as `fencelock_apply`'s parameter arrays: element `i` of each is request `i`.
-struct Arrays<'a> {
+pub(super) struct Arrays<'a> {
     kinds: Vec<&'static str>,
     resources: Vec<&'a str>,
     owners: Vec<&'a str>,
     ttls: Vec<Option<i32>>,
     fences: Vec<Option<i64>>,
     tokens: Vec<Option<&'a str>>,
+    max_leases: Vec<Option<i32>>,
+    tickets: Vec<Option<i64>>,
     lock_delays: Vec<Option<i32>>,
 }
 
 impl<'a> Arrays<'a> {
-    fn of(requests: impl IntoIterator<Item = Params<'a>>) -> Self {
+    pub(super) fn of(requests: impl IntoIterator<Item = Params<'a>>) -> Self {
         let requests = requests.into_iter();
         let n = requests.size_hint().0;
         let mut arrays = Self {
@@ -688,6 +701,8 @@ impl<'a> Arrays<'a> {
             ttls: Vec::with_capacity(n),
             fences: Vec::with_capacity(n),
             tokens: Vec::with_capacity(n),
+            max_leases: Vec::with_capacity(n),
+            tickets: Vec::with_capacity(n),
             lock_delays: Vec::with_capacity(n),
         };
         for request in requests {
@@ -697,18 +712,20 @@ impl<'a> Arrays<'a> {
             arrays.ttls.push(request.ttl);
             arrays.fences.push(request.fence.map(Fence::get));
             arrays.tokens.push(request.token);
+            arrays.max_leases.push(request.max_leases);
+            arrays.tickets.push(request.ticket.map(Ticket::get));
             arrays.lock_delays.push(request.lock_delay);
         }
         arrays
     }
 
     /// The statement's parameters: these arrays, each request's deadline on the database's
-    /// clock (`until`), and the longest wait for one row lock (`lock_wait_ms`, 0: unbounded).
-    fn with<'p>(
+    /// clock (`until`), and the longest wait for one lock (`lock_wait_ms`, 0: unbounded).
+    pub(super) fn with<'p>(
         &'p self,
         until: &'p Vec<DateTime<Utc>>,
         lock_wait_ms: &'p i32,
-    ) -> [&'p (dyn ToSql + Sync); 9] {
+    ) -> [&'p (dyn ToSql + Sync); 11] {
         [
             &self.kinds,
             &self.resources,
@@ -716,9 +733,11 @@ impl<'a> Arrays<'a> {
             &self.ttls,
             &self.fences,
             &self.tokens,
+            &self.max_leases,
+            &self.tickets,
+            &self.lock_delays,
             until,
             lock_wait_ms,
-            &self.lock_delays,
         ]
     }
 }
