@@ -4,9 +4,10 @@
 //! Acquisitions, renewals and releases that arrive together share one statement, one transaction
 //! and one commit ([`batch`], group commit); a request that arrives alone goes at once, as a batch
 //! of one. Expiry is decided by the database's clock, read by each decision once it holds its
-//! resource's row lock (docs/design/0002-database-clock.md), so that store time follows commit
+//! resource's lock (docs/design/0002-database-clock.md), so that store time follows commit
 //! order: instances with skewed clocks still agree. Fences come from the `lease_fence` sequence,
-//! which is store-wide, crash-safe and never reused after a release deletes a row.
+//! which is store-wide, crash-safe and never reused. The lease table is its own history (one row
+//! per acquisition, docs/design/0009-leases-as-history.md).
 
 use std::str::FromStr;
 use std::sync::Arc;

@@ -33,7 +33,7 @@ pub enum RecordedEnd {
 }
 
 impl RecordedEnd {
-    /// The stores' spelling (`end_kind` of `lease_history`).
+    /// The stores' spelling (`end_kind` of the lease history).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Released => "released",

@@ -11,7 +11,7 @@ use crate::store::Deadline;
 /// deadline can be handed to the database as a database time.
 ///
 /// Each answer that carries a reading of the database's clock (`now()`, or a decision's
-/// `observed_at`, read after its row lock) is a sample: it was read somewhere between
+/// `observed_at`, read after its locks) is a sample: it was read somewhere between
 /// sending and receiving, so taking it as the time of receipt makes the mapped
 /// deadline early by at most one round trip, never late. Slow answers are poor samples and
 /// are ignored once a first sample exists.
