@@ -166,7 +166,7 @@ def expire_in_store(database_url: str, resource: str) -> None:
     """Makes the lease on `resource` expire a second ago by the PostgreSQL store's own
     clock, without waiting for it (the way the server's own tests age a lease)."""
     with psycopg.connect(database_url, autocommit=True) as store:
-        aged = store.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE resource = %s", (resource,))
+        aged = store.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE resource = %s AND ended_at IS NULL", (resource,))
         assert aged.rowcount == 1, f"no lease on {resource} to expire"
 
 

@@ -219,7 +219,7 @@ export async function expireInStore(databaseUrl, resource) {
   const client = new pg.Client({ connectionString: databaseUrl });
   await client.connect();
   try {
-    const aged = await client.query("UPDATE leases SET expires_at = now() - interval '1 second' WHERE resource = $1", [resource]);
+    const aged = await client.query("UPDATE leases SET expires_at = now() - interval '1 second' WHERE resource = $1 AND ended_at IS NULL", [resource]);
     if (aged.rowCount !== 1) throw new Error(`no lease on ${resource} to expire`);
   } finally {
     await client.end();
