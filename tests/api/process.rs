@@ -358,7 +358,7 @@ async fn database_password_is_never_logged() {
 #[tokio::test]
 async fn a_key_value_database_url_with_several_hosts_is_served() {
     let db = TestDb::new(StoreKind::Postgres).await;
-    let TestDb::Postgres { name } = &*db else {
+    let TestDb::Postgres { name, .. } = &*db else {
         unreachable!("a PostgreSQL database")
     };
     let admin: tokio_postgres::Config = crate::helpers::admin_url().parse().unwrap();
