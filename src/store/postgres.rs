@@ -1184,6 +1184,17 @@ pub fn classify(e: tokio_postgres::Error) -> StoreError {
         Some(code) if code.code() == CHANGED_MEANWHILE => StoreError::unavailable(
             "a lease was changed or held from outside fencelock while it was decided; try again",
         ),
+        // PgBouncer refuses the `options` startup parameter (unless told to ignore it): said
+        // with the lease server's own remedy.
+        Some(code)
+            if code == &tokio_postgres::error::SqlState::PROTOCOL_VIOLATION
+                && e.as_db_error()
+                    .is_some_and(|db| db.message().contains("unsupported startup parameter")) =>
+        {
+            StoreError::Misconfigured(anyhow::Error::new(e).context(
+                "the server at the database URL refuses the `options` startup parameter, as PgBouncer does, which carries each session's settings (statement_timeout, synchronous_commit): through PgBouncer, start with --pg-pooling session or --pg-pooling transaction, as its pool_mode; or connect to PostgreSQL itself",
+            ))
+        }
         _ => fencelock::guard::postgres::classify(e),
     }
 }

@@ -32,6 +32,12 @@ impl PgBouncer {
     /// [`admin_url`] names, for every database on it, logging in as the admin URL's user
     /// (PgBouncer's `auth_type = any`: clients are not asked for a password).
     pub fn start(pooling: Pooling) -> Self {
+        Self::start_with(pooling, "")
+    }
+
+    /// [`PgBouncer::start`] with more lines in its `[pgbouncer]` section
+    /// (`ignore_startup_parameters = options`, say).
+    pub fn start_with(pooling: Pooling, settings: &str) -> Self {
         let pool_mode = match pooling {
             Pooling::Session => "session",
             Pooling::Transaction => "transaction",
@@ -72,6 +78,7 @@ pool_mode = {pool_mode}
 max_client_conn = 1000
 default_pool_size = 50
 logfile = {log}
+{settings}
 ",
                 log = dir.path().join("pgbouncer.log").display(),
             ),

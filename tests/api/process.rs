@@ -15,9 +15,11 @@ use crate::helpers::{
 
 /// Every setting: its flag and its environment variable, as `--help` must name them. Both
 /// are cleared for the tests' processes, so that a developer's shell cannot leak into them.
-const SETTINGS: [(&str, &str); 21] = [
+const SETTINGS: [(&str, &str); 23] = [
     ("--bind", "FENCELOCK_BIND"),
     ("--database-url", "DATABASE_URL"),
+    ("--pg-pooling", "FENCELOCK_PG_POOLING"),
+    ("--listen-database-url", "FENCELOCK_LISTEN_DATABASE_URL"),
     ("--max-ttl-seconds", "FENCELOCK_MAX_TTL_SECONDS"),
     ("--max-wait-ms", "FENCELOCK_MAX_WAIT_MS"),
     ("--pool-size", "FENCELOCK_POOL_SIZE"),
