@@ -1333,7 +1333,7 @@ mod tests {
             tokio_postgres::config::TargetSessionAttrs::ReadWrite
         );
         assert!(
-            pg.config
+            pg.session_config()
                 .get_options()
                 .unwrap()
                 .contains("synchronous_commit=on")
@@ -1347,12 +1347,20 @@ mod tests {
 
     #[test]
     fn sessions_commit_synchronously() {
-        let pg = PgConfig::parse("postgres://u@localhost/db").unwrap();
-        assert!(
-            pg.config
-                .get_options()
-                .unwrap()
-                .contains("synchronous_commit=on")
+        let mut pg =
+            PgConfig::parse("postgres://u@localhost/db?options=-c%20work_mem%3D8MB").unwrap();
+        assert_eq!(
+            pg.session_config().get_options(),
+            Some("-c work_mem=8MB -c synchronous_commit=on")
         );
+        // A pooler refuses startup options, or drops them: none are added (the migration
+        // and every pooled transaction set what they need themselves).
+        for pooling in [Pooling::Session, Pooling::Transaction] {
+            pg.pooling = pooling;
+            assert_eq!(pg.session_config().get_options(), Some("-c work_mem=8MB"));
+        }
+        let mut pg = PgConfig::parse("postgres://u@localhost/db").unwrap();
+        pg.pooling = Pooling::Transaction;
+        assert_eq!(pg.session_config().get_options(), None);
     }
 }
