@@ -8,7 +8,7 @@ use std::time::Duration;
 use fencelock_testkit::{PgBouncer, Pooling};
 use serde_json::Value;
 
-use crate::helpers::{StoreKind, TestDb, client};
+use crate::helpers::{StoreKind, TestDb, client, first_column, pg_connect};
 use crate::process::{ServerProcess, command};
 
 /// Longest a refused start may take: the refusal comes after one migration at most.
@@ -123,6 +123,16 @@ async fn pgbouncer_defaults_serve_with_the_pooling_said() {
         .await
         .unwrap();
     assert_eq!(acquired["acquired"], true, "{acquired}");
+    // The migration's lock, and the decision's, ended with their transactions: nothing is
+    // left on a server connection that PgBouncer keeps for the next client.
+    let held: Vec<i64> = first_column(
+        &pg_connect(&db.url()).await,
+        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+         WHERE l.locktype = 'advisory' AND d.datname = current_database()",
+        &[],
+    )
+    .await;
+    assert_eq!(held, [0], "advisory locks left behind");
     let checked = command(Some(&url), dir.path())
         .args(["check", "--pg-pooling", "transaction"])
         .output()
