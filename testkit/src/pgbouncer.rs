@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use fencelock_server::postgres::Pooling;
 
 use crate::cluster::RunAs;
-use crate::storage::admin_url;
 
 /// How long PgBouncer has to accept connections once started.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,21 +28,22 @@ pub struct PgBouncer {
 
 impl PgBouncer {
     /// Starts PgBouncer in `pooling` (session or transaction) in front of the server
-    /// [`admin_url`] names, for every database on it, logging in as the admin URL's user
-    /// (PgBouncer's `auth_type = any`: clients are not asked for a password).
-    pub fn start(pooling: Pooling) -> Self {
-        Self::start_with(pooling, "")
+    /// `upstream` names (the tests' [`admin_url`](crate::admin_url)), for every database on
+    /// it, logging in as `upstream`'s user (PgBouncer's `auth_type = any`: clients are not
+    /// asked for a password).
+    pub fn start(upstream: &str, pooling: Pooling) -> Self {
+        Self::start_with(upstream, pooling, "")
     }
 
     /// [`PgBouncer::start`] with more lines in its `[pgbouncer]` section
     /// (`ignore_startup_parameters = options`, say).
-    pub fn start_with(pooling: Pooling, settings: &str) -> Self {
+    pub fn start_with(upstream: &str, pooling: Pooling, settings: &str) -> Self {
         let pool_mode = match pooling {
             Pooling::Session => "session",
             Pooling::Transaction => "transaction",
             Pooling::Direct => panic!("a PgBouncer pools in session or transaction mode"),
         };
-        let admin: tokio_postgres::Config = admin_url().parse().expect("admin URL parses");
+        let admin: tokio_postgres::Config = upstream.parse().expect("upstream URL parses");
         let host = match &admin.get_hosts()[0] {
             tokio_postgres::config::Host::Tcp(host) => host.clone(),
             #[cfg(unix)]

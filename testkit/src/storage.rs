@@ -127,7 +127,8 @@ impl TestDb {
                     .batch_execute(&format!("CREATE DATABASE {name}"))
                     .await
                     .expect("creating the test database");
-                let bouncer = crate::pgbouncer::requested().map(PgBouncer::start);
+                let bouncer = crate::pgbouncer::requested()
+                    .map(|pooling| PgBouncer::start(&admin_url(), pooling));
                 Arc::new(Self::Postgres { name, bouncer })
             }
             StoreKind::Sqlite => Self::sqlite(),

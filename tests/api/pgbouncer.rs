@@ -8,7 +8,7 @@ use std::time::Duration;
 use fencelock_testkit::{PgBouncer, Pooling};
 use serde_json::Value;
 
-use crate::helpers::{StoreKind, TestDb, client, first_column, pg_connect};
+use crate::helpers::{StoreKind, TestDb, admin_url, client, first_column, pg_connect};
 use crate::process::{ServerProcess, command};
 
 /// Longest a refused start may take: the refusal comes after one migration at most.
@@ -39,6 +39,7 @@ async fn a_direct_start_through_pgbouncer_that_drops_options_is_refused() {
     let db = TestDb::new(StoreKind::Postgres).await;
     for pooling in [Pooling::Transaction, Pooling::Session] {
         let bouncer = PgBouncer::start_with(
+            &admin_url(),
             pooling,
             "ignore_startup_parameters = extra_float_digits,options",
         );
@@ -56,7 +57,7 @@ async fn a_direct_start_through_pgbouncer_that_drops_options_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_pooling_said_of_transaction_pooling_is_refused() {
     let db = TestDb::new(StoreKind::Postgres).await;
-    let bouncer = PgBouncer::start(Pooling::Transaction);
+    let bouncer = PgBouncer::start(&admin_url(), Pooling::Transaction);
     let last = refused_start(
         &db.url_via(bouncer.address()),
         &[
@@ -78,7 +79,7 @@ async fn session_pooling_said_of_transaction_pooling_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transaction_pooling_needs_a_listen_url() {
     let db = TestDb::new(StoreKind::Postgres).await;
-    let bouncer = PgBouncer::start(Pooling::Transaction);
+    let bouncer = PgBouncer::start(&admin_url(), Pooling::Transaction);
     let last = refused_start(
         &db.url_via(bouncer.address()),
         &["--pg-pooling", "transaction"],
@@ -96,7 +97,7 @@ async fn transaction_pooling_needs_a_listen_url() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbouncer_defaults_serve_with_the_pooling_said() {
     let db = TestDb::new(StoreKind::Postgres).await;
-    let bouncer = PgBouncer::start(Pooling::Transaction);
+    let bouncer = PgBouncer::start(&admin_url(), Pooling::Transaction);
     let url = db.url_via(bouncer.address());
     crate::misconfig::misconfiguration_is_named(
         &url,
