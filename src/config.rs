@@ -4,6 +4,8 @@
 //! |---|---|---|
 //! | `--bind` | `FENCELOCK_BIND` | `127.0.0.1:8080` |
 //! | `--database-url` | `DATABASE_URL` | unset: SQLite file `fencelock.db` |
+//! | `--pg-pooling` | `FENCELOCK_PG_POOLING` | `direct` (`session`, `transaction`: through PgBouncer) |
+//! | `--listen-database-url` | `FENCELOCK_LISTEN_DATABASE_URL` | unset: the LISTEN session uses `--database-url` |
 //! | `--max-ttl-seconds` | `FENCELOCK_MAX_TTL_SECONDS` | `86400` |
 //! | `--max-wait-ms` | `FENCELOCK_MAX_WAIT_MS` | `60000` (at most 3600000) |
 //! | `--pool-size` | `FENCELOCK_POOL_SIZE` | `16` |
@@ -39,6 +41,14 @@
 //! load balancer that connects from one address, every client is that one peer: give `0`
 //! there (no cap) and let the proxy limit its clients.
 //!
+//! `--pg-pooling` says what stands between the server and PostgreSQL: `direct` (PostgreSQL
+//! itself), or a pooler such as PgBouncer in `session` or `transaction` pooling, through which
+//! no session setting or prepared statement may be relied on (see
+//! `store::postgres::statements`). `--listen-database-url` is where the LISTEN session
+//! (waiting, watch) connects instead, around the pooler; transaction pooling requires it.
+//! Sessions that are not what `--pg-pooling` says (settings lost on the way, two connections
+//! sharing one session) stop start-up with one line.
+//!
 //! `--migration-lock-timeout-seconds` bounds how long PostgreSQL migrations wait for the
 //! migration lock that another session holds (another instance migrating, or a session that
 //! kept it); the wait is logged with the holder, the server answers `503` meanwhile, and
@@ -64,6 +74,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::auth::Auth;
+use crate::store::postgres::Pooling;
 pub(crate) use crate::store::{
     DEFAULT_MIGRATION_LOCK_TIMEOUT_SECONDS, DEFAULT_PG_BATCH_MAX, DEFAULT_POOL_SIZE,
     DEFAULT_STORE_TIMEOUT_MS,
@@ -303,6 +314,22 @@ pub struct ServerArgs {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
     pub database_url: Option<String>,
 
+    /// What stands between this server and PostgreSQL: `direct`, or a pooler (PgBouncer) in
+    /// `session` or `transaction` pooling, as its pool_mode. Transaction pooling needs
+    /// --listen-database-url.
+    #[arg(long, env = "FENCELOCK_PG_POOLING", value_enum, default_value_t = Pooling::Direct, global = true)]
+    pub pg_pooling: Pooling,
+
+    /// Where the LISTEN session (waiting, watch) connects, if not to --database-url: a URL
+    /// that reaches PostgreSQL around a pooler. Always direct.
+    #[arg(
+        long,
+        env = "FENCELOCK_LISTEN_DATABASE_URL",
+        hide_env_values = true,
+        global = true
+    )]
+    pub listen_database_url: Option<String>,
+
     /// Largest `ttl_seconds` a client may ask for.
     #[arg(
         long,
@@ -538,7 +565,8 @@ impl Settings {
     pub fn from_args(args: &ServerArgs) -> anyhow::Result<Self> {
         Ok(Self {
             bind: args.bind,
-            store: StoreConfig::from_url(args.database_url.as_deref())?,
+            store: StoreConfig::from_url(args.database_url.as_deref())?
+                .with_pooling(args.pg_pooling, args.listen_database_url.as_deref())?,
             max_ttl: Ttl::max(args.max_ttl_seconds)
                 .ok_or_else(|| anyhow::anyhow!("--max-ttl-seconds is out of range"))?,
             max_wait_ms: args.max_wait_ms,

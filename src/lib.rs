@@ -63,7 +63,9 @@ pub mod auth_file {
 /// The PostgreSQL store's connection settings and helpers, for services beside the lease
 /// store (the demo store) and tests.
 pub mod postgres {
-    pub use crate::store::postgres::{COMMITTERS, PgConfig, classify, classify_pool, pool};
+    pub use crate::store::postgres::{
+        COMMITTERS, PgConfig, Pooling, classify, classify_pool, pool,
+    };
 }
 
 /// The SQLite store's helpers, for services beside the lease store (the demo store).

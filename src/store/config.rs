@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::postgres::PgConfig;
+use anyhow::Context as _;
+
+use super::postgres::{PgConfig, Pooling};
 
 /// The SQLite file the lease server uses when no database URL is given.
 pub(super) const DEFAULT_SQLITE_FILE: &str = "fencelock.db";
@@ -58,6 +60,36 @@ impl StoreConfig {
         anyhow::bail!(
             "DATABASE_URL: unsupported scheme {scheme:?}; use postgres://... or sqlite://PATH"
         )
+    }
+}
+
+impl StoreConfig {
+    /// `pooling` (`--pg-pooling`) and the LISTEN session's own URL (`--listen-database-url`),
+    /// which a SQLite store refuses unless they are the defaults.
+    pub fn with_pooling(self, pooling: Pooling, listen_url: Option<&str>) -> anyhow::Result<Self> {
+        let listen_url = listen_url.map(str::trim).filter(|u| !u.is_empty());
+        match self {
+            Self::Postgres(mut pg) => {
+                pg.pooling = pooling;
+                if let Some(url) = listen_url {
+                    if !(url.starts_with("postgres://")
+                        || url.starts_with("postgresql://")
+                        || super::postgres::conninfo::is_key_value(url))
+                    {
+                        anyhow::bail!(
+                            "--listen-database-url: a PostgreSQL URL (postgres://...) to PostgreSQL itself"
+                        );
+                    }
+                    let listen = PgConfig::parse(url).context("--listen-database-url")?;
+                    pg.listen = Some(Box::new(listen));
+                }
+                Ok(Self::Postgres(pg))
+            }
+            Self::Sqlite(_) if pooling != Pooling::Direct || listen_url.is_some() => anyhow::bail!(
+                "--pg-pooling and --listen-database-url are for PostgreSQL; this DATABASE_URL is SQLite"
+            ),
+            sqlite => Ok(sqlite),
+        }
     }
 }
 

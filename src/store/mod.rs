@@ -290,8 +290,8 @@ pub(crate) async fn open(config: &StoreConfig, options: StoreOptions) -> anyhow:
 }
 
 impl Opened {
-    /// Readies a starting server's store: applies PostgreSQL's migrations and starts its
-    /// LISTEN session.
+    /// Readies a starting server's store: starts PostgreSQL's LISTEN session and applies its
+    /// migrations.
     ///
     /// An unreachable PostgreSQL is not fatal: the server serves, answers `503` and `/readyz`
     /// stays `503` until the database answers, then migrates on first use. Nor is one that
@@ -302,9 +302,13 @@ impl Opened {
         let Some(store) = &self.postgres else {
             return Ok(());
         };
+        // First: a LISTEN session that cannot work refuses the start before anything is done.
+        store.listen()?;
         match store.ensure_schema().await {
             Ok(()) => {}
-            Err(e) if postgres::migrate::is_lock_timeout(&e) => {
+            Err(e)
+                if postgres::migrate::is_lock_timeout(&e) || postgres::is_pooling_mismatch(&e) =>
+            {
                 return Err(anyhow::anyhow!("{}", cause_of(&e)));
             }
             Err(StoreError::Misconfigured(cause) | StoreError::NotWritable(cause)) => {
@@ -317,7 +321,6 @@ impl Opened {
                 tracing::warn!(error = %e, "PostgreSQL is not available yet; serving 503 until it is");
             }
         }
-        store.listen();
         Ok(())
     }
 
@@ -326,7 +329,10 @@ impl Opened {
         match &self.postgres {
             Some(store) => {
                 match store.ensure_schema().await {
-                    Err(e) if postgres::migrate::is_lock_timeout(&e) => {
+                    Err(e)
+                        if postgres::migrate::is_lock_timeout(&e)
+                            || postgres::is_pooling_mismatch(&e) =>
+                    {
                         anyhow::bail!("{}", cause_of(&e))
                     }
                     result => result?,

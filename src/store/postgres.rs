@@ -20,7 +20,7 @@ use fencelock::guard::postgres as guard_pg;
 use guard_pg::POOL_TIMEOUT;
 use tokio::sync::OnceCell;
 use tokio_postgres::Row;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 
 use super::{Deadline, LeaseStore, Result, StoreError, TICKET_LIFE};
 use crate::wake::{Changes, Registration, Watching};
@@ -37,11 +37,14 @@ mod clock;
 pub(crate) mod conninfo;
 mod listen;
 pub(crate) mod migrate;
+mod statements;
 pub(crate) mod tls;
 
 pub use batch::COMMITTERS;
 use batch::{BatchMetrics, Batched, Batcher};
 use clock::DbClock;
+pub use statements::Pooling;
+use statements::{Sql, Statements};
 use tls::PgTls;
 
 mod embedded {
@@ -51,10 +54,17 @@ mod embedded {
 /// Connection settings plus the same URL with the password masked, for logs.
 #[derive(Clone)]
 pub struct PgConfig {
+    /// As the URL gives them; the settings every session needs are added where connections
+    /// are made, as [`PgConfig::pooling`] allows (see [`statements`]).
     pub config: tokio_postgres::Config,
     pub redacted_url: String,
     /// `sslmode` and `sslrootcert` (see [`tls`]); `config`'s own SSL mode follows it.
     pub tls: PgTls,
+    /// What stands between this server and PostgreSQL (`--pg-pooling`).
+    pub pooling: Pooling,
+    /// Where the LISTEN session connects (`--listen-database-url`), if not where `config`
+    /// does: around a pooler in transaction pooling, which cannot keep a LISTEN.
+    pub listen: Option<Box<PgConfig>>,
 }
 
 impl PgConfig {
@@ -66,21 +76,42 @@ impl PgConfig {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(POOL_TIMEOUT);
         }
-        // A fence must never be returned before its commit is durable: after a crash a lost
-        // commit would let the sequence hand the same fence out again. Whatever the database
-        // default, this server's sessions commit synchronously.
-        let options = match config.get_options() {
-            Some(existing) => format!("{existing} -c synchronous_commit=on"),
-            None => "-c synchronous_commit=on".to_owned(),
-        };
-        config.options(&options);
         config.application_name("fencelock");
         Ok(Self {
             redacted_url: redact_password(url),
             config,
             tls,
+            pooling: Pooling::Direct,
+            listen: None,
         })
     }
+
+    /// The settings of a session of its own (the migration, `check`, the LISTEN session):
+    /// a fence must never be returned before its commit is durable (after a crash a lost
+    /// commit would let the sequence hand the same fence out again), so whatever the database
+    /// default, this server's sessions commit synchronously. Through a pooler, which refuses
+    /// startup options, the migration sets it in its transaction instead.
+    pub fn session_config(&self) -> tokio_postgres::Config {
+        let mut config = self.config.clone();
+        if self.pooling == Pooling::Direct {
+            with_options(&mut config, &[("synchronous_commit", "on".to_owned())]);
+        }
+        config
+    }
+
+    /// The LISTEN session's settings: [`PgConfig::listen`]'s, or these.
+    fn listen_config(&self) -> &PgConfig {
+        self.listen.as_deref().unwrap_or(self)
+    }
+}
+
+/// Adds `-c name=value` for each setting to the startup `options` `config` already carries.
+fn with_options(config: &mut tokio_postgres::Config, settings: &[(&str, String)]) {
+    let mut options = config.get_options().unwrap_or_default().to_owned();
+    for (name, value) in settings {
+        options.push_str(&format!(" -c {name}={value}"));
+    }
+    config.options(options.trim_start());
 }
 
 /// A connection pool with the lease server's timeouts, for any service that talks to
@@ -99,14 +130,29 @@ impl PgConfig {
 /// still scan, as the setting only makes sequential scans the last resort.
 pub fn pool(pg: &PgConfig, pool_size: usize, statement_timeout: Duration) -> anyhow::Result<Pool> {
     let mut config = pg.config.clone();
-    guard_pg::with_statement_timeout(&mut config, statement_timeout);
-    config.options(format!(
-        "{} -c enable_seqscan=off",
-        config.get_options().unwrap_or_default()
-    ));
+    let settings = statements::settings(statement_timeout);
+    // Through a pooler in session pooling the settings are set once per connection; in
+    // transaction pooling, per transaction (see `statements`).
+    let mut on_connect = None;
+    match pg.pooling {
+        Pooling::Direct => with_options(&mut config, &settings),
+        Pooling::Session => {
+            on_connect = Some(
+                settings
+                    .iter()
+                    .map(|(name, value)| format!("SET {name} = {value}"))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            );
+        }
+        Pooling::Transaction => {}
+    }
     let manager = Manager::from_connect(
         config,
-        OnDriverRuntime(pg.tls.connector.clone()),
+        OnDriverRuntime {
+            tls: pg.tls.connector.clone(),
+            on_connect,
+        },
         guard_pg::manager_config(),
     );
     guard_pg::pool_of(manager, pool_size)
@@ -129,8 +175,12 @@ static DRIVERS: std::sync::LazyLock<tokio::runtime::Runtime> = std::sync::LazyLo
         .expect("starting the PostgreSQL connection runtime")
 });
 
-/// Opens pool connections on [`DRIVERS`], with TLS as `sslmode` asks.
-struct OnDriverRuntime(tls::MakeRustlsConnect);
+/// Opens pool connections on [`DRIVERS`], with TLS as `sslmode` asks, and runs
+/// `on_connect` on each before it is used.
+struct OnDriverRuntime {
+    tls: tls::MakeRustlsConnect,
+    on_connect: Option<String>,
+}
 
 impl deadpool_postgres::Connect for OnDriverRuntime {
     fn connect(
@@ -141,7 +191,8 @@ impl deadpool_postgres::Connect for OnDriverRuntime {
         Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
     > {
         let config = config.clone();
-        let tls = self.0.clone();
+        let tls = self.tls.clone();
+        let on_connect = self.on_connect.clone();
         Box::pin(async move {
             let opened = DRIVERS.spawn(async move {
                 let (client, connection) = config.connect(tls).await?;
@@ -150,6 +201,12 @@ impl deadpool_postgres::Connect for OnDriverRuntime {
                         tracing::debug!(error = %e, "PostgreSQL connection ended");
                     }
                 });
+                if let Some(sql) = on_connect
+                    && let Err(e) = client.batch_execute(&sql).await
+                {
+                    driver.abort();
+                    return Err(e);
+                }
                 Ok((client, driver))
             });
             match opened.await {
@@ -303,8 +360,10 @@ impl Unwatches {
             };
             let deleted = async {
                 let client = db.client().await?;
-                let statement = client.prepare_cached(UNWATCH).await.map_err(classify)?;
-                client.execute(&statement, &[&ids]).await.map_err(classify)
+                db.statements
+                    .execute(&client, &UNWATCH, &[&ids])
+                    .await
+                    .map_err(classify)
             };
             if let Err(e) = deleted.await {
                 tracing::debug!(error = %e, watches = ids.len(), "ended watches' registrations are left to the purge");
@@ -318,6 +377,8 @@ impl Unwatches {
 struct Db {
     pool: Pool,
     config: PgConfig,
+    /// How statements are sent, by what stands between (see [`statements`]).
+    statements: Statements,
     /// Set once the migrations have been applied; until then every operation tries to apply
     /// them first, so a server started before its database comes up heals by itself.
     schema: OnceCell<()>,
@@ -343,6 +404,7 @@ impl PgStore {
     ) -> anyhow::Result<Self> {
         let db = Arc::new(Db {
             pool: pool(&config, pool_size, statement_timeout)?,
+            statements: Statements::new(config.pooling, statement_timeout),
             config,
             schema: OnceCell::new(),
             clock: DbClock::new(),
@@ -366,17 +428,29 @@ impl PgStore {
     /// Starts the session that receives the changes every instance announces (grants,
     /// releases, dequeues), for this instance's waiters and watchers. Once; the server
     /// does it, `fencelock check` does not.
-    pub(crate) fn listen(&self) {
+    ///
+    /// Refused in transaction pooling without a LISTEN session of its own
+    /// (`--listen-database-url`): a LISTEN through such a pooler hears nothing once its
+    /// transaction ends, and every wait and watch would run to its timeout.
+    pub(crate) fn listen(&self) -> anyhow::Result<()> {
+        let config = &self.db.config;
+        let listen = config.listen_config();
+        if listen.pooling == Pooling::Transaction {
+            anyhow::bail!(
+                "--pg-pooling transaction needs --listen-database-url (FENCELOCK_LISTEN_DATABASE_URL), a URL that reaches PostgreSQL around the pooler: LISTEN cannot work through transaction pooling, and waiting and watch depend on it"
+            );
+        }
         let mut listener = self
             .listener
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if listener.is_none() {
             *listener = Some(listen::Listener::start(
-                self.db.config.clone(),
+                listen.clone(),
                 self.changes.clone(),
             ));
         }
+        Ok(())
     }
 
     /// Applies the migrations once; safe when several instances start at the same time.
@@ -437,7 +511,7 @@ impl Db {
         // it (see `migrate`), and nothing else ever runs there.
         let (mut client, connection) = self
             .config
-            .config
+            .session_config()
             .connect(self.config.tls.connector.clone())
             .await
             .map_err(classify)?;
@@ -451,19 +525,52 @@ impl Db {
         .await;
         drop(client);
         let _ = driver.await;
-        result
+        result?;
+        self.check_pooling().await
+    }
+
+    /// Refuses sessions that are not what `--pg-pooling` says (see
+    /// [`statements::pooling_mismatch`]); once, before the first request is served.
+    async fn check_pooling(&self) -> Result<()> {
+        if self.config.pooling == Pooling::Transaction {
+            return Ok(());
+        }
+        let session = async |client: &deadpool_postgres::Object| -> Result<(String, i32)> {
+            let row = self
+                .statements
+                .query_opt(client, &statements::SESSION, &[])
+                .await
+                .map_err(classify)?
+                .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("no session answered")))?;
+            Ok((row.get(0), row.get(1)))
+        };
+        let first_client = self.pool.get().await.map_err(classify_pool)?;
+        let first = session(&first_client).await?;
+        // A second connection while the first is still open, when the pool may have two.
+        let second = if self.pool.status().max_size >= 2 {
+            let client = self.pool.get().await.map_err(classify_pool)?;
+            Some(session(&client).await?)
+        } else {
+            None
+        };
+        let second = second.as_ref().map(|(s, pid)| (s.as_str(), *pid));
+        match statements::pooling_mismatch(self.config.pooling, (&first.0, first.1), second) {
+            Some(mismatch) => Err(StoreError::Misconfigured(anyhow::Error::new(mismatch))),
+            None => Ok(()),
+        }
     }
 
     async fn check(&self) -> anyhow::Result<String> {
         let (mut client, connection) = self
             .config
-            .config
+            .session_config()
             .connect(self.config.tls.connector.clone())
             .await
             .map_err(|e| anyhow::anyhow!("{:#}", classify(e)))?;
         let driver = tokio::spawn(connection);
         let result = async {
-            let read_only: bool = client.query_one(READ_ONLY, &[]).await?.get(0);
+            // Unnamed statements only, as in `migrate`: this may go through a pooler.
+            let read_only: bool = client.query_typed_one(READ_ONLY, &[]).await?.get(0);
             if read_only {
                 anyhow::bail!(
                     "PostgreSQL accepts only reads (a hot standby, or transaction_read_only is on)"
@@ -472,7 +579,7 @@ impl Db {
             let runner = embedded::migrations::runner();
             let (history, foreign): (bool, bool) = {
                 let row = client
-                    .query_one(
+                    .query_typed_one(
                         "SELECT to_regclass('refinery_schema_history') IS NOT NULL, to_regclass('leases') IS NOT NULL",
                         &[],
                     )
@@ -482,8 +589,10 @@ impl Db {
             // Without the history table refinery's own read fails with "db error" (no such
             // relation): a database never migrated is said to be one.
             let applied = if history {
+                // Read in a transaction of its own, rolled back: changes nothing.
+                let mut reading = migrate::InOneTransaction(client.transaction().await?);
                 runner
-                    .get_applied_migrations_async(&mut client)
+                    .get_applied_migrations_async(&mut reading)
                     .await
                     .map_err(|e| {
                         anyhow::anyhow!(
@@ -521,29 +630,33 @@ impl Db {
         self.pool.get().await.map_err(classify_pool)
     }
 
-    async fn query_opt(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Option<Row>> {
+    async fn query_opt(&self, sql: &Sql, params: &[&(dyn ToSql + Sync)]) -> Result<Option<Row>> {
         let client = self.client().await?;
-        let statement = client.prepare_cached(sql).await.map_err(classify)?;
-        client.query_opt(&statement, params).await.map_err(classify)
+        self.statements
+            .query_opt(&client, sql, params)
+            .await
+            .map_err(classify)
     }
 
-    /// One batch of a purge: `sql` (`PURGE` or `PURGE_HISTORY`) ends or deletes at most
+    /// One batch of a purge: `sql` (`PURGE`, which `answers_count`, or `PURGE_HISTORY`) ends or deletes at most
     /// `limit` leases that ended (or expired) more than `age` ago. Returns how many.
     async fn purge(
+        &self,
         client: &deadpool_postgres::Object,
-        sql: &str,
+        sql: &Sql,
+        answers_count: bool,
         age: Duration,
         limit: u64,
     ) -> Result<u64> {
         let age_ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let statement = client.prepare_cached(sql).await.map_err(classify)?;
+        let params: [&(dyn ToSql + Sync); 2] = [&age_ms, &limit];
         // `PURGE` answers with its count, `PURGE_HISTORY` is counted by the driver.
-        let purged = if statement.columns().is_empty() {
-            client.execute(&statement, &[&age_ms, &limit]).await
+        let purged = if answers_count {
+            let row = self.statements.query_opt(client, sql, &params).await;
+            row.map(|row| row.map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0)))
         } else {
-            let row = client.query_one(&statement, &[&age_ms, &limit]).await;
-            row.map(|row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+            self.statements.execute(client, sql, &params).await
         };
         purged.map_err(classify)
     }
@@ -560,12 +673,14 @@ impl Db {
     }
 
     /// Samples the database's clock on `client`.
-    async fn read_clock(&self, client: &tokio_postgres::Client) -> Result<()> {
+    async fn read_clock(&self, client: &deadpool_postgres::ClientWrapper) -> Result<()> {
         let sent = Instant::now();
-        let row = client
-            .query_one("SELECT clock_timestamp()", &[])
+        let row = self
+            .statements
+            .query_opt(client, &CLOCK, &[])
             .await
-            .map_err(classify)?;
+            .map_err(classify)?
+            .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("no clock reading")))?;
         self.clock.sample(row.get(0), sent);
         Ok(())
     }
@@ -575,18 +690,20 @@ impl Db {
     /// `observed_at` is taken as a clock sample.
     async fn apply_alone(&self, params: batch::Params<'_>, until: DateTime<Utc>) -> Result<Row> {
         let client = self.client().await?;
-        let statement = client
-            .prepare_cached(batch::APPLY)
-            .await
-            .map_err(classify)?;
         let arrays = batch::Arrays::of([params]);
         let until = vec![until];
         let no_lock_wait_bound = 0_i32;
         let sent = Instant::now();
-        let row = client
-            .query_one(&statement, &arrays.with(&until, &no_lock_wait_bound))
+        let row = self
+            .statements
+            .query_opt(
+                &client,
+                &batch::APPLY,
+                &arrays.with(&until, &no_lock_wait_bound),
+            )
             .await
-            .map_err(classify)?;
+            .map_err(classify)?
+            .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("no decision was answered")))?;
         self.clock.sample(row.get(5), sent);
         Ok(row)
     }
@@ -599,14 +716,42 @@ impl Db {
 /// ticket, for a release to grant it (docs/design/0003-handover-on-release.md), unless it has a
 /// token quota (`$3` NULL). The ticket lives by its heartbeat: `$7` ms at first, never past the
 /// wait's end (`$2` ms), extended by [`BEAT`] while its waiter is alive.
-const ENQUEUE: &str = "SELECT ticket, live FROM fencelock_enqueue($1, $2, $7, $3, $4, $5, $6)";
+const ENQUEUE: Sql = Sql {
+    text: "SELECT ticket, live FROM fencelock_enqueue($1, $2, $7, $3, $4, $5, $6)",
+    types: &[
+        Type::TEXT,
+        Type::INT8,
+        Type::TEXT,
+        Type::INT4,
+        Type::TEXT,
+        Type::INT4,
+        Type::INT8,
+    ],
+};
 
 /// A watch's registration, live for `$2` ms by the database's clock, and the live lease read
 /// under the resource's lock after it, as `ENQUEUE` does.
-const WATCH: &str =
-    "SELECT owner, fence, acquired_at, expires_at, observed_at, id FROM fencelock_watch($1, $2)";
+const WATCH: Sql = Sql {
+    text: "SELECT owner, fence, acquired_at, expires_at, observed_at, id FROM fencelock_watch($1, $2)",
+    types: &[Type::TEXT, Type::INT8],
+};
 
-const UNWATCH: &str = "DELETE FROM lease_watchers WHERE id = ANY($1)";
+/// The database's clock now, for a sample (see [`clock`]).
+const CLOCK: Sql = Sql {
+    text: "SELECT clock_timestamp()",
+    types: &[],
+};
+
+/// The database's time, for an answer that read no row.
+const NOW: Sql = Sql {
+    text: "SELECT now()",
+    types: &[],
+};
+
+const UNWATCH: Sql = Sql {
+    text: "DELETE FROM lease_watchers WHERE id = ANY($1)",
+    types: &[Type::INT8_ARRAY],
+};
 
 /// The heartbeat of this process's waiters: each ticket of `$1` lives `$2` ms
 /// more, never past its wait's end. One statement for all of them; a ticket another
@@ -616,39 +761,54 @@ const UNWATCH: &str = "DELETE FROM lease_watchers WHERE id = ANY($1)";
 /// could not reach the database for a while) lives again: its waiter is alive, and it keeps
 /// its place. Committed without waiting for the disk: a beat lost in a crash is made up by
 /// the next.
-const BEAT: &str = "
+const BEAT: Sql = Sql {
+    text: "
 UPDATE lease_waiters w
 SET expires_at = least(w.wait_until, now() + $2::bigint * interval '1 millisecond')
 FROM (SELECT ticket FROM lease_waiters
       WHERE ticket = ANY($1) AND wait_until IS NOT NULL
       FOR UPDATE SKIP LOCKED) beat,
      (SELECT set_config('synchronous_commit', 'off', true)) AS no_sync
-WHERE w.ticket = beat.ticket";
+WHERE w.ticket = beat.ticket",
+    types: &[Type::INT8_ARRAY, Type::INT8],
+};
 
 /// Trims each recently acquired resource's history to its newest `$1` leases
 /// (`fencelock_trim_history`).
-const TRIM_HISTORY: &str = "SELECT fencelock_trim_history($1::integer, $2::bigint)";
+const TRIM_HISTORY: Sql = Sql {
+    text: "SELECT fencelock_trim_history($1::integer, $2::bigint)",
+    types: &[Type::INT4, Type::INT8],
+};
 
 /// Tickets of waiters that are gone without leaving the queue (their process died): skipped
 /// since their expiry, deleted here once a minute has passed.
-const PURGE_WAITERS: &str =
-    "DELETE FROM lease_waiters WHERE expires_at < now() - interval '1 minute'";
+const PURGE_WAITERS: Sql = Sql {
+    text: "DELETE FROM lease_waiters WHERE expires_at < now() - interval '1 minute'",
+    types: &[],
+};
 
 /// Registrations of watches whose instance died while they ran, as `PURGE_WAITERS`.
-const PURGE_WATCHERS: &str =
-    "DELETE FROM lease_watchers WHERE expires_at < now() - interval '1 minute'";
+const PURGE_WATCHERS: Sql = Sql {
+    text: "DELETE FROM lease_watchers WHERE expires_at < now() - interval '1 minute'",
+    types: &[],
+};
 
 /// The live lease, or one of another owner in its lock delay (`expires_at` passed; the sixth
 /// column is when the delay ends).
-const INSPECT: &str = "
+const INSPECT: Sql = Sql {
+    text: "
 SELECT owner, fence, acquired_at, expires_at, now(), fencelock_free_at(expires_at, lock_delay_ms)
 FROM leases
-WHERE resource = $1 AND ended_at IS NULL AND fencelock_free_at(expires_at, lock_delay_ms) > now()";
+WHERE resource = $1 AND ended_at IS NULL AND fencelock_free_at(expires_at, lock_delay_ms) > now()",
+    types: &[Type::TEXT],
+};
 
 /// Served by the current leases' expiry index (`leases_current_expires_idx`): a range scan over
 /// live leases only.
-const COUNT_LIVE: &str =
-    "SELECT count(*) FROM leases WHERE ended_at IS NULL AND expires_at > now()";
+const COUNT_LIVE: Sql = Sql {
+    text: "SELECT count(*) FROM leases WHERE ended_at IS NULL AND expires_at > now()",
+    types: &[],
+};
 
 /// Readiness writes this row: what cannot be written here cannot take a lease either.
 const PROBE: &str = "
@@ -676,15 +836,21 @@ const READ_ONLY: &str =
 
 /// Ends current leases long expired, at most `$2` (`fencelock_end_expired`): a lease inside
 /// its lock delay is kept whatever the grace, since it still keeps other owners out.
-const PURGE: &str = "SELECT fencelock_end_expired($1::bigint, $2::bigint)";
+const PURGE: Sql = Sql {
+    text: "SELECT fencelock_end_expired($1::bigint, $2::bigint)",
+    types: &[Type::INT8, Type::INT8],
+};
 
 /// A resource's history, newest first: a range scan of the primary key.
-const HISTORY: &str = r#"
+const HISTORY: Sql = Sql {
+    text: r#"
 SELECT fence, acquired_at, expires_at, ended_at, end_kind, renewals, now()
 FROM leases
 WHERE resource = $1 COLLATE "C"
 ORDER BY fence DESC
-LIMIT $2"#;
+LIMIT $2"#,
+    types: &[Type::TEXT, Type::INT8],
+};
 
 /// Leases that ended more than the retention ago, at most `$2`, found by the acquisition
 /// index (a lease that ended before the cutoff was acquired before it). A current lease that
@@ -692,14 +858,17 @@ LIMIT $2"#;
 /// lease itself, so after a retention shorter than the purge grace a renewal of it answers
 /// `404` rather than `409` (docs/operations.md). A live lease is never among them, however
 /// old.
-const PURGE_HISTORY: &str = "
+const PURGE_HISTORY: Sql = Sql {
+    text: "
 DELETE FROM leases WHERE (resource, fence) IN (
     SELECT resource, fence FROM leases
     WHERE acquired_at < now() - $1::bigint * interval '1 millisecond'
       AND coalesce(ended_at, fencelock_free_at(expires_at, lock_delay_ms))
           < now() - $1::bigint * interval '1 millisecond'
     LIMIT $2
-)";
+)",
+    types: &[Type::INT8, Type::INT8],
+};
 
 impl Db {
     fn describe(&self) -> String {
@@ -736,7 +905,7 @@ impl LeaseStore for PgStore {
         let row = self
             .db
             .query_opt(
-                ENQUEUE,
+                &ENQUEUE,
                 &[
                     &resource.as_str(),
                     &wait_ms,
@@ -779,9 +948,9 @@ impl LeaseStore for PgStore {
         let tickets: Vec<i64> = tickets.iter().map(|t| t.get()).collect();
         let life_ms = i64::try_from(TICKET_LIFE.as_millis()).unwrap_or(i64::MAX);
         let client = self.db.client().await?;
-        let statement = client.prepare_cached(BEAT).await.map_err(classify)?;
-        client
-            .execute(&statement, &[&tickets, &life_ms])
+        self.db
+            .statements
+            .execute(&client, &BEAT, &[&tickets, &life_ms])
             .await
             .map_err(classify)?;
         Ok(())
@@ -793,7 +962,7 @@ impl LeaseStore for PgStore {
 
     #[tracing::instrument(skip_all, fields(lease.resource = %resource))]
     async fn inspect(&self, resource: &ResourceName) -> Result<Inspection> {
-        let Some(row) = self.db.query_opt(INSPECT, &[&resource.as_str()]).await? else {
+        let Some(row) = self.db.query_opt(&INSPECT, &[&resource.as_str()]).await? else {
             return Ok(Inspection::Absent);
         };
         let (expires_at, now): (DateTime<Utc>, DateTime<Utc>) = (row.get(3), row.get(4));
@@ -809,7 +978,7 @@ impl LeaseStore for PgStore {
         let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
         let row = self
             .db
-            .query_opt(WATCH, &[&resource.as_str(), &timeout_ms])
+            .query_opt(&WATCH, &[&resource.as_str(), &timeout_ms])
             .await?
             .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("no watch was registered")))?;
         let id: i64 = row.get(5);
@@ -838,28 +1007,33 @@ impl LeaseStore for PgStore {
 
     async fn purge_batch(&self, grace: Duration, limit: u64) -> Result<u64> {
         let client = self.db.client().await?;
-        client.execute(PURGE_WAITERS, &[]).await.map_err(classify)?;
-        client
-            .execute(PURGE_WATCHERS, &[])
+        let statements = &self.db.statements;
+        statements
+            .execute(&client, &PURGE_WAITERS, &[])
             .await
             .map_err(classify)?;
-        Db::purge(&client, PURGE, grace, limit).await
+        statements
+            .execute(&client, &PURGE_WATCHERS, &[])
+            .await
+            .map_err(classify)?;
+        self.db.purge(&client, &PURGE, true, grace, limit).await
     }
 
     async fn history(&self, req: &HistoryRequest) -> Result<LeaseHistory> {
         let limit = i64::try_from(req.limit.get()).unwrap_or(i64::MAX);
         let client = self.db.client().await?;
-        let statement = client.prepare_cached(HISTORY).await.map_err(classify)?;
-        let rows = client
-            .query(&statement, &[&req.resource.as_str(), &limit])
+        let statements = &self.db.statements;
+        let rows = statements
+            .query(&client, &HISTORY, &[&req.resource.as_str(), &limit])
             .await
             .map_err(classify)?;
         let observed_at = match rows.first() {
             Some(row) => row.get(6),
-            None => client
-                .query_one("SELECT now()", &[])
+            None => statements
+                .query_opt(&client, &NOW, &[])
                 .await
                 .map_err(classify)?
+                .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("no time was answered")))?
                 .get(0),
         };
         let leases = rows.iter().map(past_lease).collect::<Result<_, _>>()?;
@@ -871,7 +1045,9 @@ impl LeaseStore for PgStore {
 
     async fn purge_history_batch(&self, retention: Duration, limit: u64) -> Result<u64> {
         let client = self.db.client().await?;
-        Db::purge(&client, PURGE_HISTORY, retention, limit).await
+        self.db
+            .purge(&client, &PURGE_HISTORY, false, retention, limit)
+            .await
     }
 
     async fn trim_history(&self, keep: u64, recent: Duration) -> Result<u64> {
@@ -879,14 +1055,14 @@ impl LeaseStore for PgStore {
         let recent_ms = i64::try_from(recent.as_millis()).unwrap_or(i64::MAX);
         let row = self
             .db
-            .query_opt(TRIM_HISTORY, &[&keep, &recent_ms])
+            .query_opt(&TRIM_HISTORY, &[&keep, &recent_ms])
             .await?;
         let trimmed: i64 = row.map_or(0, |row| row.get(0));
         Ok(u64::try_from(trimmed).unwrap_or(0))
     }
 
     async fn count_live(&self) -> Result<u64> {
-        let row = self.db.query_opt(COUNT_LIVE, &[]).await?;
+        let row = self.db.query_opt(&COUNT_LIVE, &[]).await?;
         let count: i64 = row.map_or(0, |row| row.get(0));
         Ok(u64::try_from(count).unwrap_or(0))
     }
@@ -895,7 +1071,11 @@ impl LeaseStore for PgStore {
     /// read-only database or a full disk fail it the way they would fail an acquisition.
     async fn ping(&self) -> Result<()> {
         let client = self.db.client().await?;
-        client.simple_query(PROBE).await.map_err(classify)?;
+        self.db
+            .statements
+            .simple(&client, PROBE)
+            .await
+            .map_err(classify)?;
         Ok(())
     }
 
@@ -972,6 +1152,11 @@ fn fence(row: &Row, index: usize) -> Result<Fence> {
     Fence::new(row.get(index)).map_err(|e| StoreError::corrupt("fence", e))
 }
 
+/// Whether `error` is a database URL that leads somewhere other than `--pg-pooling` says.
+pub(crate) fn is_pooling_mismatch(error: &StoreError) -> bool {
+    matches!(error, StoreError::Misconfigured(cause) if cause.downcast_ref::<statements::PoolingMismatch>().is_some())
+}
+
 /// The one place PostgreSQL failures are sorted, by SQLSTATE and connection state, never by
 /// the server's message text: a TLS setting that cannot work (a failed handshake, a server
 /// without TLS for an `sslmode` that requires it) and a refused login or database are
@@ -999,6 +1184,17 @@ pub fn classify(e: tokio_postgres::Error) -> StoreError {
         Some(code) if code.code() == CHANGED_MEANWHILE => StoreError::unavailable(
             "a lease was changed or held from outside fencelock while it was decided; try again",
         ),
+        // PgBouncer refuses the `options` startup parameter (unless told to ignore it): said
+        // with the lease server's own remedy.
+        Some(code)
+            if code == &tokio_postgres::error::SqlState::PROTOCOL_VIOLATION
+                && e.as_db_error()
+                    .is_some_and(|db| db.message().contains("unsupported startup parameter")) =>
+        {
+            StoreError::Misconfigured(anyhow::Error::new(e).context(
+                "the server at the database URL refuses the `options` startup parameter, as PgBouncer does, which carries each session's settings (statement_timeout, synchronous_commit): through PgBouncer, start with --pg-pooling session or --pg-pooling transaction, as its pool_mode; or connect to PostgreSQL itself",
+            ))
+        }
         _ => fencelock::guard::postgres::classify(e),
     }
 }
@@ -1022,13 +1218,16 @@ pub fn classify_pool(e: PoolError) -> StoreError {
 /// `ListRequest::ranges` and hold in byte order: the column's collation is "C" (the schema), so the
 /// primary key index serves the range and the order. The explicit `COLLATE "C"` repeats that for
 /// whoever reads the statement; it is the column's own, so the index still applies.
-const LIST: &str = r#"
+const LIST: Sql = Sql {
+    text: r#"
 SELECT resource, fence, acquired_at, expires_at, now()
 FROM leases
 WHERE resource >= $1 COLLATE "C" AND resource < $2 COLLATE "C" AND ended_at IS NULL
   AND expires_at > now()
 ORDER BY resource COLLATE "C"
-LIMIT $3"#;
+LIMIT $3"#,
+    types: &[Type::TEXT, Type::TEXT, Type::INT8],
+};
 
 impl PgStore {
     /// One page: the scope's ranges in name order, each read up to what the page still
@@ -1038,13 +1237,14 @@ impl PgStore {
     #[tracing::instrument(skip_all)]
     async fn list_page(&self, req: &ListRequest) -> Result<LeasePage> {
         let client = self.db.client().await?;
-        let statement = client.prepare_cached(LIST).await.map_err(classify)?;
         let wanted = req.limit.get() + 1;
         let mut leases = Vec::with_capacity(wanted);
         for range in req.ranges() {
             let left = i64::try_from(wanted - leases.len()).unwrap_or(i64::MAX);
-            let rows = client
-                .query(&statement, &[&range.start, &range.end, &left])
+            let rows = self
+                .db
+                .statements
+                .query(&client, &LIST, &[&range.start, &range.end, &left])
                 .await
                 .map_err(classify)?;
             for row in rows {
@@ -1133,7 +1333,7 @@ mod tests {
             tokio_postgres::config::TargetSessionAttrs::ReadWrite
         );
         assert!(
-            pg.config
+            pg.session_config()
                 .get_options()
                 .unwrap()
                 .contains("synchronous_commit=on")
@@ -1147,12 +1347,20 @@ mod tests {
 
     #[test]
     fn sessions_commit_synchronously() {
-        let pg = PgConfig::parse("postgres://u@localhost/db").unwrap();
-        assert!(
-            pg.config
-                .get_options()
-                .unwrap()
-                .contains("synchronous_commit=on")
+        let mut pg =
+            PgConfig::parse("postgres://u@localhost/db?options=-c%20work_mem%3D8MB").unwrap();
+        assert_eq!(
+            pg.session_config().get_options(),
+            Some("-c work_mem=8MB -c synchronous_commit=on")
         );
+        // A pooler refuses startup options, or drops them: none are added (the migration
+        // and every pooled transaction set what they need themselves).
+        for pooling in [Pooling::Session, Pooling::Transaction] {
+            pg.pooling = pooling;
+            assert_eq!(pg.session_config().get_options(), Some("-c work_mem=8MB"));
+        }
+        let mut pg = PgConfig::parse("postgres://u@localhost/db").unwrap();
+        pg.pooling = Pooling::Transaction;
+        assert_eq!(pg.session_config().get_options(), None);
     }
 }

@@ -238,13 +238,13 @@ fn server_binaries() -> PathBuf {
 }
 
 /// Who runs the server commands: this process's user, or `postgres` when that is root.
-enum RunAs {
+pub(crate) enum RunAs {
     Me,
     User { uid: u32, gid: u32 },
 }
 
 impl RunAs {
-    fn detect() -> Self {
+    pub(crate) fn detect() -> Self {
         if !nix::unistd::geteuid().is_root() {
             return Self::Me;
         }
@@ -254,15 +254,15 @@ impl RunAs {
                 gid: user.gid.as_raw(),
             },
             _ => panic!(
-                "the tests run as root, and initdb refuses root; a private PostgreSQL cluster \
-                 is run as the `postgres` OS user, but there is none (Debian's `postgresql` \
-                 package creates it)"
+                "the tests run as root, and initdb and PgBouncer refuse root; they are run as \
+                 the `postgres` OS user, but there is none (Debian's `postgresql` package \
+                 creates it)"
             ),
         }
     }
 
     /// `program`, run as this user in `cwd` (the test's own directory may be closed to it).
-    fn command(&self, program: &Path, cwd: &Path) -> Command {
+    pub(crate) fn command(&self, program: &Path, cwd: &Path) -> Command {
         let mut command = Command::new(program);
         command.current_dir(cwd).env_remove("PGDATA");
         if let Self::User { uid, gid } = *self {
@@ -272,7 +272,7 @@ impl RunAs {
     }
 
     /// Gives `path` to this user.
-    fn own(&self, path: &Path) {
+    pub(crate) fn own(&self, path: &Path) {
         if let Self::User { uid, gid } = *self {
             std::os::unix::fs::chown(path, Some(uid), Some(gid))
                 .unwrap_or_else(|e| panic!("giving {} to postgres: {e}", path.display()));

@@ -32,6 +32,9 @@
 //! - `cluster`: [`PrivateCluster`], a PostgreSQL cluster of the test's own (from the
 //!   installed server binaries, on a free port) whose TLS rules ([`ClusterTls`]) the shared
 //!   test server cannot be made to have: TLS required, or not offered.
+//! - `pgbouncer`: [`PgBouncer`], Debian's PgBouncer of the test's own in front of the test
+//!   server, in session or transaction pooling; [`through_pgbouncer`] runs a test with its
+//!   databases behind one, and [`through_pgbouncer!`] runs contract rules that way.
 //! - [`closed_port`]: a local port nothing listens on, for "unreachable" tests.
 //! - `output`: [`assert_succeeded`] and [`assert_failed_in_one_line`], for a command run to
 //!   its end; [`find_line`] and [`logged_field`], for one still running.
@@ -42,6 +45,7 @@ pub mod curl;
 mod exposition;
 pub mod openapi;
 mod output;
+mod pgbouncer;
 mod proxy;
 mod raw;
 mod server;
@@ -50,7 +54,9 @@ mod wait;
 
 pub use cluster::{ClusterOptions, ClusterTls, PrivateCluster};
 pub use exposition::{Exposition, Sample, TEXT_FORMAT};
+pub use fencelock_server::postgres::Pooling;
 pub use output::{assert_failed_in_one_line, assert_succeeded, find_line, logged_field};
+pub use pgbouncer::{PgBouncer, through_pgbouncer};
 pub use proxy::Proxy;
 pub use raw::{RawResponse, assert_raw_problem, parse_raw, raw_exchange};
 pub use server::{
@@ -114,6 +120,40 @@ macro_rules! contract_stores {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $rule() {
                     super::$rule($crate::StoreKind::Sqlite).await
+                }
+            )*
+        }
+    };
+}
+
+/// Runs contract rules (`async fn rule(kind: StoreKind)`) on PostgreSQL behind a PgBouncer of
+/// each test's own: `pgbouncer_transaction::rule` in transaction pooling and
+/// `pgbouncer_session::rule` in session pooling, every server of the rule started with
+/// `--pg-pooling` to match (see [`through_pgbouncer`]).
+#[macro_export]
+macro_rules! through_pgbouncer {
+    ($($rule:ident),* $(,)?) => {
+        mod pgbouncer_transaction {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() {
+                    $crate::through_pgbouncer(
+                        $crate::Pooling::Transaction,
+                        super::$rule($crate::StoreKind::Postgres),
+                    )
+                    .await
+                }
+            )*
+        }
+        mod pgbouncer_session {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() {
+                    $crate::through_pgbouncer(
+                        $crate::Pooling::Session,
+                        super::$rule($crate::StoreKind::Postgres),
+                    )
+                    .await
                 }
             )*
         }

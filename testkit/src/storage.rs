@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock_server::StoreConfig;
-use fencelock_server::postgres::PgConfig;
+use fencelock_server::postgres::{PgConfig, Pooling};
+
+use crate::pgbouncer::PgBouncer;
 
 /// The two stores every contract rule runs against (see [`contract!`](crate::contract)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +106,9 @@ fn url_for(name: &str) -> String {
 pub enum TestDb {
     Postgres {
         name: String,
+        /// The PgBouncer the lease store reaches the database through, under
+        /// [`through_pgbouncer`](crate::through_pgbouncer); the test's own sessions go direct.
+        bouncer: Option<PgBouncer>,
     },
     Sqlite {
         _dir: tempfile::TempDir,
@@ -122,7 +127,9 @@ impl TestDb {
                     .batch_execute(&format!("CREATE DATABASE {name}"))
                     .await
                     .expect("creating the test database");
-                Arc::new(Self::Postgres { name })
+                let bouncer = crate::pgbouncer::requested()
+                    .map(|pooling| PgBouncer::start(&admin_url(), pooling));
+                Arc::new(Self::Postgres { name, bouncer })
             }
             StoreKind::Sqlite => Self::sqlite(),
         }
@@ -139,7 +146,7 @@ impl TestDb {
     /// The `DATABASE_URL` that names this storage.
     pub fn url(&self) -> String {
         match self {
-            Self::Postgres { name } => url_for(name),
+            Self::Postgres { name, .. } => url_for(name),
             Self::Sqlite { path, .. } => format!("sqlite://{}", path.display()),
         }
     }
@@ -157,7 +164,24 @@ impl TestDb {
     /// The lease store's configuration for this storage.
     pub fn store_config(&self) -> StoreConfig {
         match self {
-            Self::Postgres { name } => {
+            Self::Postgres {
+                name,
+                bouncer: Some(bouncer),
+            } => {
+                let direct = url_for(name);
+                let mut pg =
+                    PgConfig::parse(&url_via(&direct, bouncer.address())).expect("URL parses");
+                pg.pooling = bouncer.pooling();
+                // LISTEN cannot work through transaction pooling: it goes around the pooler.
+                if bouncer.pooling() == Pooling::Transaction {
+                    pg.listen = Some(Box::new(PgConfig::parse(&direct).expect("URL parses")));
+                }
+                StoreConfig::Postgres(Box::new(pg))
+            }
+            Self::Postgres {
+                name,
+                bouncer: None,
+            } => {
                 let mut pg = PgConfig::parse(&admin_url()).expect("admin URL parses");
                 pg.config.dbname(name);
                 StoreConfig::Postgres(Box::new(pg))
@@ -473,7 +497,7 @@ fn sqlite(path: &std::path::Path) -> rusqlite::Connection {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        if let Self::Postgres { name } = self {
+        if let Self::Postgres { name, .. } = self {
             let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
             // Drop runs inside the test's runtime, which cannot be blocked on: use a thread
             // with a runtime of its own.

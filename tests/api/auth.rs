@@ -536,3 +536,6 @@ async fn the_client_sends_its_bearer_token() {
         "{refused:?}"
     );
 }
+
+// The quota across instances through PgBouncer, in transaction and in session pooling.
+through_pgbouncer!(the_quota_holds_across_instances);

@@ -132,3 +132,11 @@ contract!(
     a_thousand_fences_are_distinct_and_ordered,
     two_instances_share_leases_and_fences,
 );
+
+// The same rules through PgBouncer, in transaction and in session pooling.
+through_pgbouncer!(
+    exactly_one_of_64_racers_wins,
+    a_thousand_fences_are_distinct_and_ordered,
+    two_instances_share_leases_and_fences,
+    concurrent_reacquires_leave_the_greatest_fence,
+);

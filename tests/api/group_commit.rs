@@ -842,3 +842,10 @@ async fn a_grant_that_waited_for_a_row_lock_is_stamped_after_it() {
         );
     }
 }
+
+// Mutual exclusion and quotas through PgBouncer, in transaction and in session pooling.
+through_pgbouncer!(
+    concurrent_acquisitions_get_distinct_increasing_fences,
+    contention_on_one_resource_never_gives_two_holders,
+    quotas_hold_under_concurrency,
+);

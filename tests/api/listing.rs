@@ -566,7 +566,10 @@ async fn postgres_lists_in_byte_order_under_any_database_collation() {
         ))
         .await
         .expect("creating a database with the ICU en-US collation");
-    let db = Arc::new(TestDb::Postgres { name });
+    let db = Arc::new(TestDb::Postgres {
+        name,
+        bouncer: None,
+    });
     let app = TestApp::spawn_on(db.clone(), |_| {}).await;
     for name in MIXED {
         app.acquire_ok(name, "a", TTL).await;

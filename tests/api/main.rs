@@ -35,6 +35,7 @@ mod migration_lock;
 mod misconfig;
 mod openapi;
 mod outage;
+mod pgbouncer;
 mod plans;
 pub mod process;
 mod protocol;

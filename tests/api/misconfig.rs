@@ -254,5 +254,5 @@ fn refusing_pooler() -> std::net::SocketAddr {
 async fn a_pooler_that_refuses_startup_options_is_named() {
     let address = refusing_pooler();
     let url = format!("postgres://fencelock@{address}/locks?sslmode=disable");
-    misconfiguration_is_named(&url, "ignore_startup_parameters = options").await;
+    misconfiguration_is_named(&url, "--pg-pooling session or --pg-pooling transaction").await;
 }

@@ -52,7 +52,7 @@ async fn unreachable_database_answers_503_quickly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_recovers_when_the_database_returns() {
     let app = TestApp::spawn(StoreKind::Postgres).await;
-    let TestDb::Postgres { name } = app.db.as_ref() else {
+    let TestDb::Postgres { name, .. } = app.db.as_ref() else {
         unreachable!()
     };
     let before = app.acquire_ok("held", "a", 3600).await;

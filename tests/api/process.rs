@@ -15,9 +15,11 @@ use crate::helpers::{
 
 /// Every setting: its flag and its environment variable, as `--help` must name them. Both
 /// are cleared for the tests' processes, so that a developer's shell cannot leak into them.
-const SETTINGS: [(&str, &str); 21] = [
+const SETTINGS: [(&str, &str); 23] = [
     ("--bind", "FENCELOCK_BIND"),
     ("--database-url", "DATABASE_URL"),
+    ("--pg-pooling", "FENCELOCK_PG_POOLING"),
+    ("--listen-database-url", "FENCELOCK_LISTEN_DATABASE_URL"),
     ("--max-ttl-seconds", "FENCELOCK_MAX_TTL_SECONDS"),
     ("--max-wait-ms", "FENCELOCK_MAX_WAIT_MS"),
     ("--pool-size", "FENCELOCK_POOL_SIZE"),
@@ -358,7 +360,7 @@ async fn database_password_is_never_logged() {
 #[tokio::test]
 async fn a_key_value_database_url_with_several_hosts_is_served() {
     let db = TestDb::new(StoreKind::Postgres).await;
-    let TestDb::Postgres { name } = &*db else {
+    let TestDb::Postgres { name, .. } = &*db else {
         unreachable!("a PostgreSQL database")
     };
     let admin: tokio_postgres::Config = crate::helpers::admin_url().parse().unwrap();

@@ -239,7 +239,7 @@ async fn sqlite_full_disk_answers_503() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_read_only_database_answers_503() {
     let db = TestDb::new(StoreKind::Postgres).await;
-    let TestDb::Postgres { name } = db.as_ref() else {
+    let TestDb::Postgres { name, .. } = db.as_ref() else {
         unreachable!()
     };
     {

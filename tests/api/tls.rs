@@ -309,7 +309,7 @@ fn with_params(url: &str, params: &str) -> String {
 /// The PostgreSQL sessions the server at `db` holds, and whether each is encrypted, seen
 /// from an admin session.
 async fn sessions(db: &TestDb) -> Vec<bool> {
-    let TestDb::Postgres { name } = db else {
+    let TestDb::Postgres { name, .. } = db else {
         unreachable!()
     };
     admin()
@@ -375,7 +375,7 @@ async fn verify_modes_accept_the_clusters_own_certificate() {
     let root = url_encode(&cert.display().to_string());
     let db = TestDb::new(StoreKind::Postgres).await;
     let name = match &*db {
-        TestDb::Postgres { name } => name.clone(),
+        TestDb::Postgres { name, .. } => name.clone(),
         TestDb::Sqlite { .. } => unreachable!(),
     };
     let full = format!("postgres://postgres@localhost:{}/{name}", pg_port());

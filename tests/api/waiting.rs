@@ -332,3 +332,10 @@ async fn waiting_and_watching_across_two_processes_on_one_sqlite_file() {
     assert_handovers(&handovers);
     assert_handovers(&watch_ends);
 }
+
+// Waiting across instances through PgBouncer: in transaction pooling the LISTEN session goes
+// around it (`--listen-database-url`), in session pooling through it.
+through_pgbouncer!(
+    waiters_are_served_in_arrival_order_across_instances,
+    an_expired_lease_goes_to_the_waiter,
+);

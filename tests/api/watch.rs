@@ -179,3 +179,6 @@ contract!(
     a_watch_ends_with_an_expiry_and_a_takeover,
     watch_parameters_follow_the_input_rules,
 );
+
+// A watch ended from another instance through PgBouncer (see `waiting.rs`).
+through_pgbouncer!(a_watch_ends_with_a_release_elsewhere);

@@ -41,10 +41,10 @@ use prometheus::{Histogram, IntCounter};
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::Row;
 use tokio_postgres::error::Severity;
-use tokio_postgres::types::{FromSql, ToSql};
+use tokio_postgres::types::{FromSql, ToSql, Type};
 use tracing::Instrument as _;
 
-use super::{DRIVERS, Db, acquisition, classify};
+use super::{DRIVERS, Db, Sql, acquisition, classify};
 use crate::store::{Deadline, StoreError};
 use fencelock::domain::{
     AcquireOutcome, AcquireRequest, Fence, Lease, Owner, ReleaseOutcome, ReleaseRequest,
@@ -66,9 +66,24 @@ const LOCK_WAIT_MAX: Duration = Duration::from_secs(1);
 /// gives the connection up (a network partition delivers no error, only silence).
 const NO_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
-pub(super) const APPLY: &str = "
+pub(super) const APPLY: Sql = Sql {
+    text: "
 SELECT ord, outcome, fence, acquired_at, expires_at, observed_at
-FROM fencelock_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+FROM fencelock_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    types: &[
+        Type::TEXT_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::INT4_ARRAY,
+        Type::INT8_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::INT4_ARRAY,
+        Type::INT8_ARRAY,
+        Type::INT4_ARRAY,
+        Type::TIMESTAMPTZ_ARRAY,
+        Type::INT4,
+    ],
+};
 
 /// What the committers count, for every app that shows the store's metrics.
 #[derive(Clone)]
@@ -457,10 +472,10 @@ impl Committers {
                 .map(|job| each_kind!(&job.op, req, _ => req.params())),
         );
         let lock_wait_ms = lock_wait(db.statement_timeout);
-        let statement = client.prepare_cached(APPLY).await?;
         let sent = Instant::now();
-        let rows = client
-            .query(&statement, &arrays.with(&until, &lock_wait_ms))
+        let rows = db
+            .statements
+            .query(client, &APPLY, &arrays.with(&until, &lock_wait_ms))
             .await?;
         if let Some(now) = rows.first().and_then(|row| column(row, 5).ok()) {
             db.clock.sample(now, sent);

@@ -64,7 +64,11 @@ async fn session(
     changes: &Arc<Changes>,
     backoff: &mut Duration,
 ) -> anyhow::Error {
-    let (client, mut connection) = match config.config.connect(config.tls.connector.clone()).await {
+    let (client, mut connection) = match config
+        .session_config()
+        .connect(config.tls.connector.clone())
+        .await
+    {
         Ok(pair) => pair,
         Err(e) => return e.into(),
     };

@@ -21,6 +21,11 @@
 //!   whole run (the history table, the read of what is applied, each migration and its
 //!   history row) is one transaction: all pending migrations apply, or none.
 //!
+//! Every statement here is sent unnamed (`query_typed`), so that a migration through a pooler
+//! in transaction pooling depends on no prepared statement outliving its transaction, and the
+//! migration's transaction sets `synchronous_commit` itself, since a pooler passes no startup
+//! options.
+//!
 //! The lock is *tried*, never waited for inside PostgreSQL: a held lock is logged with its
 //! holder (pid, application, client address) and tried again every [`POLL`], up to the
 //! migration lock timeout, after which the migration fails with
@@ -31,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use refinery_core::Migration;
 use refinery_core::traits::r#async::{AsyncMigrate, AsyncQuery, AsyncTransaction};
+use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Transaction};
 
 use super::{READ_ONLY, classify};
@@ -48,6 +54,9 @@ const POLL: Duration = Duration::from_millis(250);
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
 const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock($1)";
+
+/// A migration commits durably whatever the database default, as every decision does.
+const DURABLE: &str = "SET LOCAL synchronous_commit = on";
 
 /// Who holds the migration lock, as far as this login may see (`pg_stat_activity` shows
 /// another role's sessions with most fields empty, unless the login has `pg_read_all_stats`).
@@ -88,7 +97,7 @@ pub(super) async fn run(
     // A standby cannot be migrated, and could not take a lease anyway: say so, and try again
     // on the next request (it may be promoted).
     let read_only: bool = client
-        .query_one(READ_ONLY, &[])
+        .query_typed_one(READ_ONLY, &[])
         .await
         .map_err(classify)?
         .get(0);
@@ -101,8 +110,9 @@ pub(super) async fn run(
     let mut logged: Option<Instant> = None;
     loop {
         let transaction = client.transaction().await.map_err(classify)?;
+        transaction.batch_execute(DURABLE).await.map_err(classify)?;
         let locked: bool = transaction
-            .query_one(TRY_LOCK, &[&MIGRATION_LOCK_KEY])
+            .query_typed_one(TRY_LOCK, &[(&MIGRATION_LOCK_KEY, Type::INT8)])
             .await
             .map_err(classify)?
             .get(0);
@@ -160,7 +170,10 @@ async fn apply(transaction: Transaction<'_>) -> Result<(), StoreError> {
 async fn holder(client: &Client) -> String {
     // Released between the attempt and this look, or the catalog cannot be read: the next
     // attempt tells.
-    let Ok(Some(row)) = client.query_opt(HOLDER, &[&MIGRATION_LOCK_KEY]).await else {
+    let rows = client
+        .query_typed(HOLDER, &[(&MIGRATION_LOCK_KEY, Type::INT8)])
+        .await;
+    let Some(row) = rows.ok().and_then(|rows| rows.into_iter().next()) else {
         return "another session".to_owned();
     };
     let pid: Option<i32> = row.get(0);
@@ -183,7 +196,7 @@ async fn holder(client: &Client) -> String {
 /// refinery's runner on one open transaction: each "transaction" refinery asks for is a run
 /// of statements inside it, so that the run's work and the migration lock end together (see
 /// the module's documentation).
-struct InOneTransaction<'c>(Transaction<'c>);
+pub(super) struct InOneTransaction<'c>(pub(super) Transaction<'c>);
 
 impl AsyncTransaction for InOneTransaction<'_> {
     type Error = tokio_postgres::Error;
@@ -205,7 +218,7 @@ impl AsyncQuery<Vec<Migration>> for InOneTransaction<'_> {
     async fn query<'a>(&'a mut self, query: &'a str) -> Result<Vec<Migration>, Self::Error> {
         // As refinery's own driver reads its history table: version, name, applied_on
         // (RFC 3339 text), checksum (decimal text).
-        let rows = self.0.query(query, &[]).await?;
+        let rows = self.0.query_typed(query, &[]).await?;
         Ok(rows
             .iter()
             .map(|row| {
