@@ -304,7 +304,11 @@ impl Opened {
         };
         match store.ensure_schema().await {
             Ok(()) => {}
-            Err(e) if postgres::migrate::is_lock_timeout(&e) => {
+            // Neither heals by waiting, and serving on would either answer nothing or issue
+            // fences that may not increase: start-up stops with the cause and the fix.
+            Err(e)
+                if postgres::migrate::is_lock_timeout(&e) || postgres::sequence::is_unsafe(&e) =>
+            {
                 return Err(anyhow::anyhow!("{}", cause_of(&e)));
             }
             Err(StoreError::Misconfigured(cause) | StoreError::NotWritable(cause)) => {
@@ -326,7 +330,10 @@ impl Opened {
         match &self.postgres {
             Some(store) => {
                 match store.ensure_schema().await {
-                    Err(e) if postgres::migrate::is_lock_timeout(&e) => {
+                    Err(e)
+                        if postgres::migrate::is_lock_timeout(&e)
+                            || postgres::sequence::is_unsafe(&e) =>
+                    {
                         anyhow::bail!("{}", cause_of(&e))
                     }
                     result => result?,

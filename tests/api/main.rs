@@ -17,6 +17,7 @@ mod concurrency;
 mod connections;
 mod decisions;
 mod errors;
+mod fence_sequence;
 mod group_commit;
 mod guard_mysql;
 mod guard_sql;
