@@ -36,6 +36,7 @@ mod migration_lock;
 mod misconfig;
 mod openapi;
 mod outage;
+mod packaging;
 mod plans;
 pub mod process;
 mod protocol;
