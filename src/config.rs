@@ -114,7 +114,47 @@ impl Cli {
     /// them; `fencelock guard`'s shows only the ones it reads.
     pub(crate) fn try_parse_command_line() -> Result<Self, clap::Error> {
         use clap::{CommandFactory as _, FromArgMatches as _};
-        let mut command = Self::command();
+        Self::from_arg_matches(&Self::command_line(Self::command()).try_get_matches()?)
+    }
+
+    /// The command line's definition as the completion scripts and the manual pages show it:
+    /// the parser's, without the hidden watchdog command (a manual page or a completion of
+    /// its own is what `hide` keeps it out of) and without the `help` subcommands (`--help`
+    /// stays), which would otherwise get a manual page of their own under every command.
+    pub(crate) fn documented() -> clap::Command {
+        use clap::CommandFactory as _;
+        // clap can hide a subcommand but not take one out: the root is made again with the
+        // parser's arguments and its shown subcommands.
+        let parsed = Self::command();
+        let mut root = clap::Command::new("fencelock")
+            .version(env!("CARGO_PKG_VERSION"))
+            .args(parsed.get_arguments().cloned())
+            .subcommands(
+                parsed
+                    .get_subcommands()
+                    .filter(|sub| !sub.is_hide_set())
+                    .cloned(),
+            );
+        if let Some(about) = parsed.get_about() {
+            root = root.about(about.clone());
+        }
+        fn without_help(command: clap::Command) -> clap::Command {
+            let names: Vec<String> = command
+                .get_subcommands()
+                .map(|sub| sub.get_name().to_owned())
+                .collect();
+            names
+                .into_iter()
+                .fold(command.disable_help_subcommand(true), |command, name| {
+                    command.mut_subcommand(name, without_help)
+                })
+        }
+        Self::command_line(without_help(root))
+    }
+
+    /// `command`, the command line's definition, as the parser uses it: the globals hidden
+    /// where they mean nothing.
+    fn command_line(mut command: clap::Command) -> clap::Command {
         // Copies the global arguments into every subcommand, where they can then be hidden.
         command.build();
         let command = command
@@ -129,7 +169,13 @@ impl Cli {
                     })
                     .mut_subcommand("install", |install| install.mut_args(guard_arg))
             });
-        Self::from_arg_matches(&command.try_get_matches()?)
+        // The files these two write are about the other commands: none of the server's
+        // settings, which are global, apply to them.
+        command
+            .mut_subcommand("completions", |completions| {
+                completions.mut_args(|arg| hide_global(arg, &[]))
+            })
+            .mut_subcommand("man", |man| man.mut_args(|arg| hide_global(arg, &[])))
     }
 }
 
@@ -185,6 +231,27 @@ pub(crate) enum Command {
     /// with SIGKILL.
     #[command(after_help = LOCK_EXIT_STATUS)]
     Lock(LockArgs),
+    /// Print the shell completion script for SHELL, made from this build's command line.
+    ///
+    /// bash: `fencelock completions bash > /etc/bash_completion.d/fencelock` (or
+    /// `~/.local/share/bash-completion/completions/fencelock`); zsh: into a directory of
+    /// `$fpath` as `_fencelock`; fish: `~/.config/fish/completions/fencelock.fish`.
+    Completions {
+        /// The shell the script is for.
+        #[arg(value_enum)]
+        shell: CompletionShell,
+    },
+    /// Print the manual page fencelock(1), made from this build's command line; with --dir,
+    /// write it and a page for each subcommand (fencelock-lock(1), ...) into DIR instead.
+    ///
+    /// `fencelock man | man -l -` reads it; `fencelock man --dir /usr/local/share/man/man1`
+    /// installs the pages.
+    Man {
+        /// A directory to write every page into, one file per command (`fencelock.1`,
+        /// `fencelock-lock.1`, ...).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// The watchdog of a `fencelock lock` command's process group (started by it, never by
     /// hand): kills the group if `fencelock lock` dies.
     #[command(hide = true)]
@@ -192,6 +259,24 @@ pub(crate) enum Command {
         /// The process group of `fencelock lock`, which the watchdog joins once CMD runs.
         join: i32,
     },
+}
+
+/// The shells `fencelock completions` writes for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+impl From<CompletionShell> for clap_complete::Shell {
+    fn from(shell: CompletionShell) -> Self {
+        match shell {
+            CompletionShell::Bash => Self::Bash,
+            CompletionShell::Zsh => Self::Zsh,
+            CompletionShell::Fish => Self::Fish,
+        }
+    }
 }
 
 /// The exit statuses of `fencelock lock`, at the end of its `--help`.

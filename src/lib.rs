@@ -23,11 +23,13 @@
 //! 5. `config`: the command line and the settings it makes.
 //! 6. `routes` (on all of the above): the handlers: parse, ask the store, render; and
 //!    `refusal`, the problem documents for requests the HTTP parser refuses.
-//! 7. `startup`, `telemetry`, `lock_command`, `guard_command`, `run`: the process: the app
-//!    built the same way by `main` and the tests, logging, `fencelock lock`, `fencelock
-//!    guard`, the command line's dispatch.
+//! 7. `startup`, `telemetry`, `lock_command`, `guard_command`, `cli_files`, `run`: the
+//!    process: the app built the same way by `main` and the tests, logging, `fencelock
+//!    lock`, `fencelock guard`, the completion scripts and manual pages, the command line's
+//!    dispatch.
 
 mod auth;
+mod cli_files;
 mod config;
 mod guard_command;
 mod lock_command;

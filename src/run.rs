@@ -8,10 +8,11 @@ use clap::error::ErrorKind;
 use crate::config::{Cli, Command, Settings, TokenCommand};
 use crate::startup::{self, Application};
 use crate::store;
-use crate::{guard_command, lock_command, shutdown, telemetry};
+use crate::{cli_files, guard_command, lock_command, shutdown, telemetry};
 
 /// The `fencelock` command: parses its arguments, then serves, migrates, checks, makes a
-/// token, prints or installs the guard's SQL, or runs `fencelock lock`.
+/// token, prints or installs the guard's SQL, runs `fencelock lock`, or prints completions
+/// or manual pages.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse_command_line() {
         Ok(cli) => cli,
@@ -36,6 +37,11 @@ pub fn main() -> ExitCode {
         } => return lock_command::sentinel(join),
         cli => cli,
     };
+    match &cli.command {
+        Some(Command::Completions { shell }) => return cli_files::completions(*shell),
+        Some(Command::Man { dir }) => return cli_files::man(dir.as_deref()),
+        _ => {}
+    }
     if let Some(Command::Token(TokenCommand::New { name })) = &cli.command {
         return new_token(name);
     }
@@ -58,7 +64,9 @@ pub fn main() -> ExitCode {
         | Command::Token(_)
         | Command::Guard(_)
         | Command::Lock(_)
-        | Command::LockSentinel { .. } => "info",
+        | Command::LockSentinel { .. }
+        | Command::Completions { .. }
+        | Command::Man { .. } => "info",
     };
     let logs = match telemetry::init_with_default(settings.log_format, default_filter) {
         Ok(guard) => guard,
@@ -76,7 +84,9 @@ pub fn main() -> ExitCode {
             Command::Token(_)
             | Command::Guard(_)
             | Command::Lock(_)
-            | Command::LockSentinel { .. } => {
+            | Command::LockSentinel { .. }
+            | Command::Completions { .. }
+            | Command::Man { .. } => {
                 unreachable!("answered before the runtime starts")
             }
         }

@@ -59,6 +59,12 @@ CREATE INDEX leases_token_idx ON leases (token, expires_at)
 -- Rows are appended in acquisition order, so a block range index finds the old rows the
 -- retention purge deletes, at almost no cost to each insert.
 CREATE INDEX leases_acquired_brin ON leases USING brin (acquired_at);
+-- The fence check at start (src/store/postgres/sequence.rs) asks whether any fence is at or
+-- above the sequence's next value. Fences follow the order rows are appended, so block
+-- summaries answer that from a few pages however long the history grows, and an insert into
+-- a range not yet summarised writes nothing here (a B-tree would cost every acquisition one
+-- more index write; a scan grows with the history).
+CREATE INDEX leases_fence_brin ON leases USING brin (fence);
 
 -- Waiting acquisitions (`wait_ms`): one ticket per waiting request. Tickets come from one
 -- sequence, so every instance sees one arrival order. While a live ticket is queued for a

@@ -306,8 +306,12 @@ impl Opened {
         store.listen()?;
         match store.ensure_schema().await {
             Ok(()) => {}
+            // None heals by waiting, and serving on would either answer nothing or issue
+            // fences that may not increase: start-up stops with the cause and the fix.
             Err(e)
-                if postgres::migrate::is_lock_timeout(&e) || postgres::is_pooling_mismatch(&e) =>
+                if postgres::migrate::is_lock_timeout(&e)
+                    || postgres::is_pooling_mismatch(&e)
+                    || postgres::sequence::is_unsafe(&e) =>
             {
                 return Err(anyhow::anyhow!("{}", cause_of(&e)));
             }
@@ -331,7 +335,8 @@ impl Opened {
                 match store.ensure_schema().await {
                     Err(e)
                         if postgres::migrate::is_lock_timeout(&e)
-                            || postgres::is_pooling_mismatch(&e) =>
+                            || postgres::is_pooling_mismatch(&e)
+                            || postgres::sequence::is_unsafe(&e) =>
                     {
                         anyhow::bail!("{}", cause_of(&e))
                     }

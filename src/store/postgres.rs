@@ -37,6 +37,7 @@ mod clock;
 pub(crate) mod conninfo;
 mod listen;
 pub(crate) mod migrate;
+pub(crate) mod sequence;
 mod statements;
 pub(crate) mod tls;
 
@@ -519,10 +520,14 @@ impl Db {
         // Clears the wait however the migration ends, a request that gave up on it included
         // (its future is dropped): requests must not be refused for a wait that is over.
         let _cleared = OnDrop(|| self.set_lock_wait(None));
-        let result = migrate::run(&mut client, self.migration_lock_timeout, &|waiting| {
+        let mut result = migrate::run(&mut client, self.migration_lock_timeout, &|waiting| {
             self.set_lock_wait(waiting);
         })
         .await;
+        if result.is_ok() {
+            // Once per process, before the first fence: the sequence as the schema made it.
+            result = sequence::check(&mut client).await;
+        }
         drop(client);
         let _ = driver.await;
         result?;
@@ -617,6 +622,9 @@ impl Db {
                     )
                 })?;
             }
+            sequence::check(&mut client)
+                .await
+                .map_err(|e| anyhow::anyhow!("{}", super::cause_of(&e)))?;
             Ok(format!("{} has schema version {version}", self.describe()))
         }
         .await;

@@ -35,6 +35,7 @@ mod embedded {
     refinery::embed_migrations!("migrations/sqlite");
 }
 
+mod counter;
 mod poll;
 mod undo;
 
@@ -72,6 +73,7 @@ impl SqliteStore {
         let conn = match connect(path) {
             Ok(mut conn) => {
                 migrate(&mut conn).with_context(|| format!("migrating {}", path.display()))?;
+                counter::check(&conn).with_context(|| path.display().to_string())?;
                 if is_read_only(&conn) {
                     tracing::error!(file = %path.display(), "the SQLite file is read-only: writes answer 503 until it can be written");
                 }
@@ -183,6 +185,7 @@ pub(crate) fn check(path: &Path) -> anyhow::Result<String> {
         conn.execute_batch(probe)
             .with_context(|| format!("the schema is not fencelock's ({probe})"))?;
     }
+    counter::check(&conn).with_context(|| path.display().to_string())?;
     Ok(format!(
         "SQLite file {} has schema version {version}",
         path.display()
