@@ -17,7 +17,8 @@ queue model) of fencelock's two models: the actor model (a lease server, a guard
 workers over a faulty network: --workers, --attempts, --lossy, --no-crashes) and the queue
 model (clients that wait, renew, release and leave on two resources of one store: --clients,
 --resources, --wait, --lock-delay, --sqlite for SQLite's rules instead of PostgreSQL's).
---ttl and --max-time apply to both; --model checks only one of them.
+--ttl and --max-time apply to both. --model checks only one of them, and so does a flag that
+only one of them takes.
 Variants: fencelock (default: both models), and broken on purpose: unguarded,
 per-row-fences, check-then-apply, in-memory-counter, clock-ahead (actor model);
 handover-skips-queue, handover-to-departed, renew-revives-expired, lock-delay-ignored (queue
@@ -41,12 +42,17 @@ fn run(args: Vec<String>) -> Result<ExitCode, String> {
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut variant = "fencelock".to_owned();
     let mut only = None;
+    // A flag of one model alone selects that model.
+    let (mut actor_flag, mut queue_flag) = (false, false);
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--depth" => depth = Some(number(&value()?)?),
-            "--workers" => cfg.workers = number(&value()?)?,
+            "--workers" => {
+                actor_flag = true;
+                cfg.workers = number(&value()?)?;
+            }
             "--ttl" => {
                 cfg.ttl = number(&value()?)?;
                 queue.ttl = cfg.ttl.into();
@@ -55,17 +61,41 @@ fn run(args: Vec<String>) -> Result<ExitCode, String> {
                 cfg.max_time = number(&value()?)?;
                 queue.max_time = cfg.max_time.into();
             }
-            "--attempts" => cfg.attempts = number(&value()?)?,
-            "--clients" => queue.clients = number(&value()?)?,
-            "--resources" => queue.resources = number(&value()?)?,
-            "--wait" => queue.wait = number(&value()?)?,
-            "--lock-delay" => queue.lock_delay = number(&value()?)?,
-            "--sqlite" => queue.rules = Rules::SQLITE,
+            "--attempts" => {
+                actor_flag = true;
+                cfg.attempts = number(&value()?)?;
+            }
+            "--clients" => {
+                queue_flag = true;
+                queue.clients = number(&value()?)?;
+            }
+            "--resources" => {
+                queue_flag = true;
+                queue.resources = number(&value()?)?;
+            }
+            "--wait" => {
+                queue_flag = true;
+                queue.wait = number(&value()?)?;
+            }
+            "--lock-delay" => {
+                queue_flag = true;
+                queue.lock_delay = number(&value()?)?;
+            }
+            "--sqlite" => {
+                queue_flag = true;
+                queue.rules = Rules::SQLITE;
+            }
             "--threads" => threads = number(&value()?)?,
             "--variant" => variant = value()?,
             "--model" => only = Some(value()?),
-            "--lossy" => cfg.lossy = true,
-            "--no-crashes" => cfg.server_crashes = false,
+            "--lossy" => {
+                actor_flag = true;
+                cfg.lossy = true;
+            }
+            "--no-crashes" => {
+                actor_flag = true;
+                cfg.server_crashes = false;
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(ExitCode::SUCCESS);
@@ -88,7 +118,10 @@ fn run(args: Vec<String>) -> Result<ExitCode, String> {
     };
     let broken = Broken::from_name(&variant);
     let (actor, queued) = match only.as_deref() {
-        None => (broken.is_none(), variant == "fencelock" || broken.is_some()),
+        None => (
+            broken.is_none() && (actor_flag || !queue_flag),
+            broken.is_some() || variant == "fencelock" && (queue_flag || !actor_flag),
+        ),
         Some("actor") if broken.is_none() => (true, false),
         Some("queue") if variant == "fencelock" || broken.is_some() => (false, true),
         Some(model) => return Err(format!("no variant {variant} of a model {model}")),
