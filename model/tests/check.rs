@@ -226,3 +226,23 @@ fn every_broken_rule_is_caught_with_symmetry_on_too() {
         );
     }
 }
+
+#[test]
+fn the_queue_model_keeps_every_property_with_postgresqls_provisional_hand_over() {
+    // PostgreSQL holds a handed-over lease for a short while, without its lock delay, until
+    // the waiter takes it (a waiter that is gone frees it soon): here one tick of a TTL of 2.
+    let cfg = QueueConfig {
+        rules: Rules {
+            provisional_hold: Some(1),
+            ..Rules::POSTGRES
+        },
+        ..QueueConfig::fencelock()
+    };
+    let outcome = check_queue(cfg, QUEUE_DEPTH - 1, 1, Finish::Exhausted);
+    println!(
+        "queue, PostgreSQL, provisional hand-over: {}",
+        outcome.figures()
+    );
+    assert!(outcome.violated.is_empty(), "{}", outcome.counterexamples());
+    assert_eq!(outcome.unreached(), Vec::<&str>::new());
+}
