@@ -160,8 +160,13 @@ fn the_queue_model_keeps_every_property_on_sqlite_rules() {
 }
 
 fn queue_counterexample(cfg: QueueConfig, property: &'static str) -> Outcome<QueueModel> {
+    let name = cfg.rules.broken.map_or("fencelock", Broken::name);
     let outcome = check_queue(cfg, QUEUE_DEPTH, 1, Finish::CounterexampleTo(property));
-    println!("{}\n{}", outcome.figures(), outcome.counterexamples());
+    println!(
+        "{name}: {}\n{}",
+        outcome.figures(),
+        outcome.counterexamples()
+    );
     assert!(
         outcome.violated.contains_key(property),
         "no counterexample to \"{property}\" within depth {QUEUE_DEPTH}"
