@@ -569,26 +569,9 @@ impl QueueModel {
     }
 }
 
-/// A path's steps, up to the first state where `property` fails, one action and the state
-/// after it per step.
+/// A path's steps, one action and the state after it per step.
 pub fn render(steps: &[(QueueState, Option<QueueAction>)]) -> String {
-    let mut out = String::new();
-    if let Some((first, _)) = steps.first() {
-        let _ = writeln!(out, "   0. start\n        {}", summary(first));
-    }
-    for (number, pair) in steps.windows(2).enumerate() {
-        let (Some(action), next) = (&pair[0].1, &pair[1].0) else {
-            continue;
-        };
-        let _ = writeln!(
-            out,
-            "{:>4}. {}\n        {}",
-            number + 1,
-            describe(action),
-            summary(next)
-        );
-    }
-    out
+    crate::trace::numbered(steps, describe, summary)
 }
 
 fn describe(action: &QueueAction) -> String {

@@ -10,11 +10,21 @@ use crate::properties::store;
 use crate::config::Fences;
 use crate::{Model, SystemState};
 
-/// The steps of a path, one action and the state after it per step.
+/// The steps of an actor model path, one action and the state after it per step.
 pub fn render(model: &Model, steps: &[(SystemState, Option<crate::Action>)]) -> String {
+    numbered(steps, describe, |state| summary(model, state))
+}
+
+/// A path as numbered steps, for either model: each action as `describe` tells it, then the
+/// state it left as `summary` does.
+pub fn numbered<S, A>(
+    steps: &[(S, Option<A>)],
+    describe: impl Fn(&A) -> String,
+    summary: impl Fn(&S) -> String,
+) -> String {
     let mut out = String::new();
     if let Some((first, _)) = steps.first() {
-        let _ = writeln!(out, "   0. start\n        {}", summary(model, first));
+        let _ = writeln!(out, "   0. start\n        {}", summary(first));
     }
     for (number, pair) in steps.windows(2).enumerate() {
         let (Some(action), next) = (&pair[0].1, &pair[1].0) else {
@@ -25,7 +35,7 @@ pub fn render(model: &Model, steps: &[(SystemState, Option<crate::Action>)]) -> 
             "{:>4}. {}\n        {}",
             number + 1,
             describe(action),
-            summary(model, next)
+            summary(next)
         );
     }
     out
