@@ -24,12 +24,7 @@ L = TypeVar("L")
 
 class ClientBase(Generic[H, A, L]):
     """A client of one fencelock server (or of a load balancer before several sharing a
-    store).
-
-    `token` is the bearer secret for a server with `--auth-file`; `timeout` bounds each
-    request (plus the wait of an acquire with `wait_ms`); `retry` bounds how long an outage
-    is retried (by default: pauses from 100 ms doubling to 1 s, for at most 5 s).
-    """
+    store): what `Client` and `AsyncClient` are alike in."""
 
     _http: H
 
@@ -41,6 +36,9 @@ class ClientBase(Generic[H, A, L]):
         timeout: float = 10.0,
         retry: RetryPolicy | None = None,
     ) -> None:
+        """`token` is the bearer secret for a server with `--auth-file`; `timeout` bounds each
+        request (plus the wait of an acquire with `wait_ms`); `retry` bounds how long an
+        outage is retried (by default: pauses from 100 ms doubling to 1 s, for at most 5 s)."""
         headers = {"authorization": f"Bearer {token}"} if token is not None else {}
         self._http = self._connect(wire.base_url(url), headers, timeout)
         self._timeout = timeout

@@ -20,8 +20,9 @@ T = TypeVar("T")
 
 
 class Client(ClientBase[httpx.Client, "Lease | None", "contextlib.AbstractContextManager[Lease]"]):
-    """The blocking client (its arguments: `ClientBase`). Thread-safe; close it (or use
-    `with`) to free its connections. `lease()` renews on a background thread."""
+    """A client of one fencelock server (or of a load balancer before several sharing a
+    store). Thread-safe; close it (or use `with`) to free its connections. `lease()` renews
+    on a background thread."""
 
     def close(self) -> None:
         self._http.close()
