@@ -788,16 +788,13 @@ const TRIM_HISTORY: Sql = Sql {
     types: &[Type::INT4, Type::INT8],
 };
 
-/// Tickets of waiters that are gone without leaving the queue (their process died): skipped
-/// since their expiry, deleted here once a minute has passed.
-const PURGE_WAITERS: Sql = Sql {
-    text: "DELETE FROM lease_waiters WHERE expires_at < now() - interval '1 minute'",
-    types: &[],
-};
-
-/// Registrations of watches whose instance died while they ran, as `PURGE_WAITERS`.
-const PURGE_WATCHERS: Sql = Sql {
-    text: "DELETE FROM lease_watchers WHERE expires_at < now() - interval '1 minute'",
+/// What instances that died left behind, deleted once a minute has passed since it expired:
+/// tickets of waiters that are gone without leaving the queue (skipped since their expiry),
+/// and registrations of watches that ran. One statement, one round trip.
+const PURGE_DEPARTED: Sql = Sql {
+    text: "
+WITH waiters AS (DELETE FROM lease_waiters WHERE expires_at < now() - interval '1 minute')
+DELETE FROM lease_watchers WHERE expires_at < now() - interval '1 minute'",
     types: &[],
 };
 
@@ -1017,11 +1014,7 @@ impl LeaseStore for PgStore {
         let client = self.db.client().await?;
         let statements = &self.db.statements;
         statements
-            .execute(&client, &PURGE_WAITERS, &[])
-            .await
-            .map_err(classify)?;
-        statements
-            .execute(&client, &PURGE_WATCHERS, &[])
+            .execute(&client, &PURGE_DEPARTED, &[])
             .await
             .map_err(classify)?;
         self.db.purge(&client, &PURGE, true, grace, limit).await

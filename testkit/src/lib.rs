@@ -81,22 +81,8 @@ pub use wait::eventually;
 macro_rules! contract {
     ($($rule:ident),* $(,)?) => {
         $crate::contract_stores!($($rule),*);
-        mod postgres_v1 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $rule() {
-                    $crate::under_v1(super::$rule($crate::StoreKind::Postgres)).await
-                }
-            )*
-        }
-        mod sqlite_v1 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $rule() {
-                    $crate::under_v1(super::$rule($crate::StoreKind::Sqlite)).await
-                }
-            )*
-        }
+        $crate::rule_tests!(postgres_v1, Postgres, |rule| $crate::under_v1(rule), $($rule),*);
+        $crate::rule_tests!(sqlite_v1, Sqlite, |rule| $crate::under_v1(rule), $($rule),*);
     };
 }
 
@@ -107,22 +93,8 @@ macro_rules! contract {
 #[macro_export]
 macro_rules! contract_stores {
     ($($rule:ident),* $(,)?) => {
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $rule() {
-                    super::$rule($crate::StoreKind::Postgres).await
-                }
-            )*
-        }
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $rule() {
-                    super::$rule($crate::StoreKind::Sqlite).await
-                }
-            )*
-        }
+        $crate::rule_tests!(postgres, Postgres, |rule| rule, $($rule),*);
+        $crate::rule_tests!(sqlite, Sqlite, |rule| rule, $($rule),*);
     };
 }
 
@@ -133,27 +105,35 @@ macro_rules! contract_stores {
 #[macro_export]
 macro_rules! through_pgbouncer {
     ($($rule:ident),* $(,)?) => {
-        mod pgbouncer_transaction {
+        $crate::rule_tests!(
+            pgbouncer_transaction,
+            Postgres,
+            |rule| $crate::through_pgbouncer($crate::Pooling::Transaction, rule),
+            $($rule),*
+        );
+        $crate::rule_tests!(
+            pgbouncer_session,
+            Postgres,
+            |rule| $crate::through_pgbouncer($crate::Pooling::Session, rule),
+            $($rule),*
+        );
+    };
+}
+
+/// The module `module` of tests, one per `rule`: `module::rule` runs
+/// `super::rule(StoreKind::$kind)` as the future `run` makes of it (`|rule| rule` for the
+/// rule as it is), on a multi-threaded runtime. What [`contract`], [`contract_stores`] and
+/// [`through_pgbouncer`] are made of.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! rule_tests {
+    ($module:ident, $kind:ident, |$future:ident| $run:expr, $($rule:ident),*) => {
+        mod $module {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $rule() {
-                    $crate::through_pgbouncer(
-                        $crate::Pooling::Transaction,
-                        super::$rule($crate::StoreKind::Postgres),
-                    )
-                    .await
-                }
-            )*
-        }
-        mod pgbouncer_session {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $rule() {
-                    $crate::through_pgbouncer(
-                        $crate::Pooling::Session,
-                        super::$rule($crate::StoreKind::Postgres),
-                    )
-                    .await
+                    let $future = super::$rule($crate::StoreKind::$kind);
+                    $run.await
                 }
             )*
         }

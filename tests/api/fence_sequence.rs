@@ -59,30 +59,41 @@ async fn with_leases(kind: StoreKind) -> (std::sync::Arc<TestDb>, i64) {
     (db, highest)
 }
 
-fn passes(output: &Output) {
-    let stdout = assert_succeeded(output, "check after the fix");
+/// `fencelock check` on `db` passes (`when`: before the store was broken, or after the fix).
+async fn check_passes(db: &TestDb, when: &str) {
+    let stdout = assert_succeeded(&fencelock(db, &["check"]).await, when);
     assert!(stdout.starts_with("fencelock check: ok:"), "{stdout}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cached_fence_sequence_is_refused() {
-    let (db, _) = with_leases(StoreKind::Postgres).await;
-    passes(&fencelock(&db, &["check"]).await);
-    db.execute("ALTER SEQUENCE lease_fence CACHE 20").await;
-    let fix = both_refuse(&db, &["lease_fence has CACHE 20"]).await;
-    assert_eq!(fix, "ALTER SEQUENCE lease_fence CACHE 1");
-    db.execute(&fix).await;
-    passes(&fencelock(&db, &["check"]).await);
+/// `fencelock check` and a server start on `db` both refuse with one line that contains
+/// every part of `cause` and gives `fix` as the statement to run; once it has run,
+/// `fencelock check` passes again.
+async fn refused_until_fixed(db: &TestDb, cause: &[&str], fix: &str) {
+    assert_eq!(both_refuse(db, cause).await, fix);
+    db.execute(fix).await;
+    check_passes(db, "check after the fix").await;
 }
 
+/// A sequence altered to a cache, or made unlogged, is refused until it is altered back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unlogged_fence_sequence_is_refused() {
+async fn an_altered_fence_sequence_is_refused() {
     let (db, _) = with_leases(StoreKind::Postgres).await;
-    db.execute("ALTER SEQUENCE lease_fence SET UNLOGGED").await;
-    let fix = both_refuse(&db, &["lease_fence is unlogged"]).await;
-    assert_eq!(fix, "ALTER SEQUENCE lease_fence SET LOGGED");
-    db.execute(&fix).await;
-    passes(&fencelock(&db, &["check"]).await);
+    for (alter, cause, fix) in [
+        (
+            "ALTER SEQUENCE lease_fence CACHE 20",
+            "lease_fence has CACHE 20",
+            "ALTER SEQUENCE lease_fence CACHE 1",
+        ),
+        (
+            "ALTER SEQUENCE lease_fence SET UNLOGGED",
+            "lease_fence is unlogged",
+            "ALTER SEQUENCE lease_fence SET LOGGED",
+        ),
+    ] {
+        check_passes(&db, &format!("check before {alter}")).await;
+        db.execute(alter).await;
+        refused_until_fixed(&db, &[cause], fix).await;
+    }
 }
 
 /// As a restore of the sequence from before the last leases would leave it.
@@ -92,17 +103,15 @@ async fn a_fence_sequence_behind_the_leases_is_refused() {
     // The sequence's next value is the highest fence itself: one fence would be issued twice.
     db.execute(&format!("SELECT setval('lease_fence', {})", highest - 1))
         .await;
-    let fix = both_refuse(
+    refused_until_fixed(
         &db,
         &[
             "lease_fence is behind the leases",
             &format!("its next value is {highest}, but fence {highest} was issued already"),
         ],
+        &format!("SELECT setval('lease_fence', {highest})"),
     )
     .await;
-    assert_eq!(fix, format!("SELECT setval('lease_fence', {highest})"));
-    db.execute(&fix).await;
-    passes(&fencelock(&db, &["check"]).await);
     let app = TestApp::spawn_on(db.clone(), |_| {}).await;
     let next = fencelock_testkit::fence(&app.acquire_ok("job:next", "a", 60).await);
     assert_eq!(next, highest + 1);
@@ -112,20 +121,19 @@ async fn a_fence_sequence_behind_the_leases_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sqlite_fence_counter_behind_the_leases_is_refused() {
     let (db, highest) = with_leases(StoreKind::Sqlite).await;
-    passes(&fencelock(&db, &["check"]).await);
+    check_passes(&db, "check before the counter was put back").await;
     db.execute(&format!(
         "UPDATE fence_counter SET last_fence = {} WHERE id = 1",
         highest - 2
     ))
     .await;
-    let fix = both_refuse(
+    refused_until_fixed(
         &db,
         &[
             "the fence counter is behind the leases",
             &format!("it is at {}, but fence {highest} was issued", highest - 2),
         ],
+        &format!("UPDATE fence_counter SET last_fence = {highest} WHERE id = 1"),
     )
     .await;
-    db.execute(&fix).await;
-    passes(&fencelock(&db, &["check"]).await);
 }

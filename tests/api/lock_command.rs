@@ -50,6 +50,17 @@ fn lock(dir: &Path, url: &str, resource: &str, args: &[&str], script: &str) -> C
     command
 }
 
+/// [`lock`] on `job:1`, waiting up to 5 s for the lease (`--wait-seconds 5`).
+fn lock_waiting(dir: &Path, url: &str, script: &str) -> Command {
+    lock(dir, url, "job:1", &["--wait-seconds", "5"], script)
+}
+
+/// A lease server on SQLite, and a working directory for `fencelock lock`.
+async fn on_sqlite() -> (TestApp, tempfile::TempDir) {
+    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    (app, tempfile::tempdir().unwrap())
+}
+
 /// [`lock`] on `job:1`, spawned, once CMD has written `ready`.
 async fn started(dir: &Path, url: &str, args: &[&str], script: &str) -> Child {
     let mut child = lock(dir, url, "job:1", args, script).spawn().unwrap();
@@ -69,7 +80,6 @@ async fn line(child: &mut Child) -> String {
     line.trim_end().to_owned()
 }
 
-/// Waits for `fencelock lock` to end, within [`PATIENCE`].
 /// `fencelock lock` on `job:1` with a TTL of `ttl_seconds`, talking to the server through a
 /// proxy the test can freeze, once its CMD (`script`, which prints `ready`) has started.
 struct Proxied {
@@ -80,10 +90,9 @@ struct Proxied {
 }
 
 async fn behind_a_proxy(ttl_seconds: u32, script: &str) -> Proxied {
-    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    let (app, dir) = on_sqlite().await;
     let proxy = Proxy::start(app.socket_address());
     let url = format!("http://{}", proxy.addr());
-    let dir = tempfile::tempdir().unwrap();
     let ttl = ttl_seconds.to_string();
     let child = started(dir.path(), &url, &["--ttl-seconds", &ttl], script).await;
     Proxied {
@@ -94,6 +103,7 @@ async fn behind_a_proxy(ttl_seconds: u32, script: &str) -> Proxied {
     }
 }
 
+/// Waits for `fencelock lock` to end, within [`PATIENCE`].
 async fn finished(child: Child) -> Output {
     tokio::time::timeout(PATIENCE, child.wait_with_output())
         .await
@@ -163,8 +173,7 @@ async fn runs_the_command_with_the_fence_and_releases_after(kind: StoreKind) {
 /// CMD that cannot be found is 127. The lease is released every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_status_is_passed_through() {
-    let app = TestApp::spawn(StoreKind::Sqlite).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (app, dir) = on_sqlite().await;
     for (script, status) in [("exit 7", 7), ("true", 0), ("kill -KILL $$", 137)] {
         let output = lock(dir.path(), &app.address, "job:1", &[], script)
             .output()
@@ -206,8 +215,7 @@ fn assert_ended_saying(
 /// `fencelock lock`'s; the lease is released after CMD has ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signals_reach_the_command() {
-    let app = TestApp::spawn(StoreKind::Sqlite).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (app, dir) = on_sqlite().await;
     for name in ["TERM", "INT", "HUP", "QUIT"] {
         let marker = dir.path().join(name);
         let script = format!("trap 'echo {name} > {name}; exit 3' {name}; echo ready; {UNTIL_GO}");
@@ -289,15 +297,9 @@ async fn waits_for_the_holder_to_release(kind: StoreKind) {
         .unwrap();
     let held_fence = holder.fence();
     let dir = tempfile::tempdir().unwrap();
-    let waiter = lock(
-        dir.path(),
-        &app.address,
-        "job:1",
-        &["--wait-seconds", "5"],
-        "echo $FENCELOCK_FENCE",
-    )
-    .spawn()
-    .unwrap();
+    let waiter = lock_waiting(dir.path(), &app.address, "echo $FENCELOCK_FENCE")
+        .spawn()
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     holder.release().await.unwrap();
 
@@ -448,8 +450,7 @@ async fn a_command_ignoring_sigterm_is_killed_before_the_lease_expires() {
 /// started must not run on without the lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_fencelock_lock_kills_its_command() {
-    let app = TestApp::spawn(StoreKind::Sqlite).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (app, dir) = on_sqlite().await;
     let script = format!("{WITH_CHILDREN}; {UNTIL_GO}");
     let mut child = started(dir.path(), &app.address, &[], &script).await;
     let pids = recorded_pids(dir.path(), 3);
@@ -462,8 +463,7 @@ async fn killing_fencelock_lock_kills_its_command() {
 /// would run on unprotected); CMD's status stays `fencelock lock`'s, and one line says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_left_behind_are_stopped_before_the_release() {
-    let app = TestApp::spawn(StoreKind::Sqlite).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (app, dir) = on_sqlite().await;
     let script = format!("{WITH_CHILDREN}; exit 3");
     // The `sleep` that ignores SIGTERM gets SIGKILL 1 s later.
     let args = ["--grace-seconds", "1"];
@@ -481,8 +481,7 @@ async fn processes_left_behind_are_stopped_before_the_release() {
 /// started, and `fencelock lock` ends with CMD's status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signals_reach_the_whole_group() {
-    let app = TestApp::spawn(StoreKind::Sqlite).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (app, dir) = on_sqlite().await;
     let script = format!("sleep 301 & echo $! > pids; echo $$ >> pids; echo ready; {UNTIL_GO}");
     let child = started(dir.path(), &app.address, &[], &script).await;
     let pids = recorded_pids(dir.path(), 2);
@@ -505,16 +504,9 @@ async fn a_wait_longer_than_the_servers_maximum_goes_in_rounds() {
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let args = ["--wait-seconds", "5"];
-    let waiter = lock(
-        dir.path(),
-        &app.address,
-        "job:1",
-        &args,
-        "echo $FENCELOCK_FENCE",
-    )
-    .spawn()
-    .unwrap();
+    let waiter = lock_waiting(dir.path(), &app.address, "echo $FENCELOCK_FENCE")
+        .spawn()
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let held_fence = holder.fence();
     holder.release().await.unwrap();
@@ -536,13 +528,7 @@ async fn a_refusal_is_one_readable_line() {
     // A server that does not wait at all.
     let app = TestApp::spawn_on(db, |s| s.max_wait_ms = 0).await;
     let dir = tempfile::tempdir().unwrap();
-    let command = lock(
-        dir.path(),
-        &app.address,
-        "job:1",
-        &["--wait-seconds", "5"],
-        "echo ran",
-    );
+    let command = lock_waiting(dir.path(), &app.address, "echo ran");
     let said = assert_refused(command, 69, "no waiting").await;
     assert!(said.starts_with("fencelock lock: "), "{said}");
     assert!(
@@ -656,8 +642,7 @@ async fn assert_becomes_stopped(pid: i32, stopped: bool, context: &str) {
 /// own, which the terminal's Ctrl-Z and the shell's `fg` signal as a whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_z_stops_the_command_with_fencelock_lock() {
-    let app = TestApp::spawn(StoreKind::Sqlite).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (app, dir) = on_sqlite().await;
     let script = format!("echo $$ > pids; echo ready; {UNTIL_GO}");
     let mut command = lock(dir.path(), &app.address, "job:1", &[], &script);
     command.process_group(0);

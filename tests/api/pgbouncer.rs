@@ -52,43 +52,33 @@ async fn a_direct_start_through_pgbouncer_that_drops_options_is_refused() {
     }
 }
 
-/// `--pg-pooling session` in front of transaction pooling would lose its `SET`s and its
-/// prepared statements: two connections sharing one PostgreSQL session give it away.
+/// Starts that do not fit a PgBouncer in transaction pooling are refused, each naming what
+/// to start with instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn session_pooling_said_of_transaction_pooling_is_refused() {
+async fn starts_unfit_for_transaction_pooling_are_refused() {
     let db = TestDb::new(StoreKind::Postgres).await;
     let bouncer = PgBouncer::start(&admin_url(), Pooling::Transaction);
-    let last = refused_start(
-        &db.url_via(bouncer.address()),
-        &[
-            "--pg-pooling",
-            "session",
-            "--listen-database-url",
-            &db.url(),
-        ],
-    )
-    .await;
-    assert!(
-        last.contains("share one PostgreSQL session") && last.contains("--pg-pooling transaction"),
-        "{last}"
-    );
-}
-
-/// Transaction pooling without a LISTEN session around the pooler is refused before anything
-/// is done: waiting and watch would never hear a release.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn transaction_pooling_needs_a_listen_url() {
-    let db = TestDb::new(StoreKind::Postgres).await;
-    let bouncer = PgBouncer::start(&admin_url(), Pooling::Transaction);
-    let last = refused_start(
-        &db.url_via(bouncer.address()),
-        &["--pg-pooling", "transaction"],
-    )
-    .await;
-    assert!(
-        last.contains("--listen-database-url") && last.contains("FENCELOCK_LISTEN_DATABASE_URL"),
-        "{last}"
-    );
+    let listen = db.url();
+    let cases: [(&[&str], [&str; 2]); 2] = [
+        // `--pg-pooling session` would lose its `SET`s and its prepared statements: two
+        // connections sharing one PostgreSQL session give it away.
+        (
+            &["--pg-pooling", "session", "--listen-database-url", &listen],
+            ["share one PostgreSQL session", "--pg-pooling transaction"],
+        ),
+        // Without a LISTEN session around the pooler, waiting and watch would never hear a
+        // release: refused before anything is done.
+        (
+            &["--pg-pooling", "transaction"],
+            ["--listen-database-url", "FENCELOCK_LISTEN_DATABASE_URL"],
+        ),
+    ];
+    for (args, named) in cases {
+        let last = refused_start(&db.url_via(bouncer.address()), args).await;
+        for name in named {
+            assert!(last.contains(name), "{args:?}: no {name:?} in: {last}");
+        }
+    }
 }
 
 /// With PgBouncer's defaults (startup options refused), a direct start answers `503` and

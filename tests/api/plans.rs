@@ -7,9 +7,12 @@ use fencelock_server::postgres::{PgConfig, pool};
 
 use crate::helpers::{StoreKind, TestApp};
 
-/// A session set up as the server's are (`store::postgres::pool`).
-async fn session(app: &TestApp) -> deadpool_postgres::Object {
-    pool(
+/// A server on PostgreSQL, and a session set up as the server's are
+/// (`store::postgres::pool`) that plans every prepared statement generically, as a plan the
+/// server has cached is.
+async fn generic_planning() -> (TestApp, deadpool_postgres::Object) {
+    let app = TestApp::spawn(StoreKind::Postgres).await;
+    let session = pool(
         &PgConfig::parse(&app.db.url()).unwrap(),
         1,
         Duration::from_secs(10),
@@ -17,7 +20,12 @@ async fn session(app: &TestApp) -> deadpool_postgres::Object {
     .unwrap()
     .get()
     .await
-    .unwrap()
+    .unwrap();
+    session
+        .batch_execute("SET plan_cache_mode = force_generic_plan")
+        .await
+        .unwrap();
+    (app, session)
 }
 
 /// The plan of `sql` as the session would run it, one line per node.
@@ -42,8 +50,7 @@ async fn explain(
 /// the table grows. The server's sessions must plan it as an index scan all the same.
 #[tokio::test]
 async fn a_lookup_planned_on_an_empty_table_uses_an_index() {
-    let app = TestApp::spawn(StoreKind::Postgres).await;
-    let session = session(&app).await;
+    let (_app, session) = generic_planning().await;
     // VACUUM cannot share a multi-statement string (an implicit transaction).
     session
         .batch_execute("VACUUM (ANALYZE) leases")
@@ -53,8 +60,7 @@ async fn a_lookup_planned_on_an_empty_table_uses_an_index() {
         .batch_execute(
             "INSERT INTO leases (resource, owner, fence, acquired_at, expires_at)
              SELECT 'plan:' || g, 'owner', nextval('lease_fence'), now(), now() + interval '1 minute'
-             FROM generate_series(1, 16) AS g;
-             SET plan_cache_mode = force_generic_plan",
+             FROM generate_series(1, 16) AS g",
         )
         .await
         .unwrap();
@@ -75,33 +81,31 @@ async fn a_lookup_planned_on_an_empty_table_uses_an_index() {
 /// of the whole table, and a resource's history is a range of the primary key.
 #[tokio::test]
 async fn history_reads_and_the_purge_use_their_indexes() {
-    let app = TestApp::spawn(StoreKind::Postgres).await;
-    let session = session(&app).await;
-    session
-        .batch_execute("SET plan_cache_mode = force_generic_plan")
-        .await
-        .unwrap();
-    let plan = explain(
-        &session,
-        "SELECT resource, fence FROM leases
+    let (_app, session) = generic_planning().await;
+    let statements: [(
+        &str,
+        &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        &str,
+        &str,
+    ); 2] = [
+        (
+            "SELECT resource, fence FROM leases
              WHERE acquired_at < now() - $1::bigint * interval '1 millisecond'
                AND ended_at < now() - $1::bigint * interval '1 millisecond'
              LIMIT 100",
-        &[&3_600_000_i64],
-    )
-    .await;
-    assert!(
-        plan.contains("leases_acquired_brin"),
-        "the purge does not use the acquired_at index:\n{plan}"
-    );
-    let plan = explain(
-        &session,
-        r#"SELECT fence FROM leases WHERE resource = $1 COLLATE "C" ORDER BY fence DESC LIMIT $2"#,
-        &[&"r", &50_i64],
-    )
-    .await;
-    assert!(
-        plan.contains("leases_pkey"),
-        "the history is not a range of the primary key:\n{plan}"
-    );
+            &[&3_600_000_i64],
+            "leases_acquired_brin",
+            "the purge does not use the acquired_at index",
+        ),
+        (
+            r#"SELECT fence FROM leases WHERE resource = $1 COLLATE "C" ORDER BY fence DESC LIMIT $2"#,
+            &[&"r", &50_i64],
+            "leases_pkey",
+            "the history is not a range of the primary key",
+        ),
+    ];
+    for (sql, params, node, otherwise) in statements {
+        let plan = explain(&session, sql, params).await;
+        assert!(plan.contains(node), "{otherwise}:\n{plan}");
+    }
 }

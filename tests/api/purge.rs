@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::helpers::{StoreKind, TTL, TestApp, TestDb, assert_problem, eventually, fence};
+use crate::helpers::{
+    StoreKind, TTL, TestApp, TestDb, assert_problem, eventually, fence, first_column, pg_connect,
+};
 
 const HOUR_MS: i64 = 3600 * 1000;
 
@@ -69,6 +71,34 @@ async fn purge_handles_many_rows(kind: StoreKind) {
     assert_eq!(purged, 25_000);
     assert_eq!(app.db.total_rows().await, 1);
     assert!(fence(&app.acquire_ok("next", "a", TTL).await) > before);
+}
+
+/// On PostgreSQL, what instances that died left behind goes with the purge once it expired
+/// more than a minute ago: waiters' tickets and watches' registrations. Newer ones stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_removes_what_departed_instances_left() {
+    let app = TestApp::spawn(StoreKind::Postgres).await;
+    let db = pg_connect(&app.db.url()).await;
+    db.batch_execute(
+        "INSERT INTO lease_waiters (resource, expires_at)
+         VALUES ('departed', now() - interval '2 minutes'), ('recent', now() - interval '10 seconds');
+         INSERT INTO lease_watchers (resource, expires_at)
+         VALUES ('departed', now() - interval '2 minutes'), ('recent', now() - interval '10 seconds')",
+    )
+    .await
+    .unwrap();
+    app.store
+        .purge_expired(Duration::from_secs(3600))
+        .await
+        .expect("purge runs");
+    let left: Vec<String> = first_column(
+        &db,
+        "SELECT 'waiter ' || resource FROM lease_waiters
+         UNION ALL SELECT 'watcher ' || resource FROM lease_watchers ORDER BY 1",
+        &[],
+    )
+    .await;
+    assert_eq!(left, ["waiter recent", "watcher recent"]);
 }
 
 contract!(

@@ -130,19 +130,31 @@ fn sql_blocks_are_copies_of_the_sources() {
     let mut sources: Vec<String> = sources.iter().map(|p| read(p)).collect();
     let doc_comments: Vec<String> = sources.iter().map(|s| doc_comments(s)).collect();
     sources.extend(doc_comments);
-    let mut seen = 0;
-    for page in pages() {
-        for block in blocks(&read(&page), "sql") {
+    let seen = each_in_pages(
+        |markdown| blocks(markdown, "sql"),
+        |page, block| {
             let block = block.trim_end();
             assert!(
                 sources.iter().any(|source| source.contains(block)),
                 "an sql block of {} is in neither fencelock/src nor migrations/:\n{block}",
-                name(&page)
+                name(page)
             );
-            seen += 1;
+        },
+    );
+    assert!(seen >= 2, "docs/guard.md shows the guard's SQL");
+}
+
+/// Runs `check` on every item that `find` finds in a page of the documentation, with the
+/// page; returns how many there were.
+fn each_in_pages<T>(find: impl Fn(&str) -> Vec<T>, mut check: impl FnMut(&Path, T)) -> usize {
+    let mut checked = 0;
+    for page in pages() {
+        for item in find(&read(&page)) {
+            check(&page, item);
+            checked += 1;
         }
     }
-    assert!(seen >= 2, "docs/guard.md shows the guard's SQL");
+    checked
 }
 
 /// The documentation comments of Rust `source`, without their `//!` or `///` (and the one
@@ -344,50 +356,46 @@ fn code_spans(text: &str) -> (Vec<String>, String) {
 #[test]
 fn cargo_commands_name_what_the_workspace_has() {
     let workspace = workspace();
-    let mut checked = 0;
-    for page in pages() {
-        for command in cargo_commands(&read(&page)) {
-            let words: Vec<&str> = command
-                .split_whitespace()
-                .take_while(|w| !["--", "#", "&&", "|"].contains(w))
-                .collect();
-            let mut packages = Vec::new();
-            let mut targets = Vec::new();
-            for pair in words.windows(2) {
-                match pair[0] {
-                    "-p" | "--package" => packages.push(pair[1]),
-                    "--bin" => targets.push(("bin", pair[1])),
-                    "--test" => targets.push(("test", pair[1])),
-                    _ => {}
-                }
+    let checked = each_in_pages(cargo_commands, |page, command| {
+        let words: Vec<&str> = command
+            .split_whitespace()
+            .take_while(|w| !["--", "#", "&&", "|"].contains(w))
+            .collect();
+        let mut packages = Vec::new();
+        let mut targets = Vec::new();
+        for pair in words.windows(2) {
+            match pair[0] {
+                "-p" | "--package" => packages.push(pair[1]),
+                "--bin" => targets.push(("bin", pair[1])),
+                "--test" => targets.push(("test", pair[1])),
+                _ => {}
             }
-            for package in &packages {
-                assert!(
-                    workspace.iter().any(|p| p.name == *package),
-                    "{}: `{command}`: no package {package} in the workspace",
-                    name(&page)
-                );
-            }
-            let selected: Vec<&Package> = if packages.is_empty() {
-                workspace.iter().filter(|p| p.root).collect()
-            } else {
-                workspace
-                    .iter()
-                    .filter(|p| packages.contains(&p.name.as_str()))
-                    .collect()
-            };
-            for (kind, target) in targets {
-                assert!(
-                    selected
-                        .iter()
-                        .any(|p| p.targets.contains(&(kind.to_owned(), target.to_owned()))),
-                    "{}: `{command}`: no {kind} target {target} in {packages:?} (the root package if none)",
-                    name(&page)
-                );
-            }
-            checked += 1;
         }
-    }
+        for package in &packages {
+            assert!(
+                workspace.iter().any(|p| p.name == *package),
+                "{}: `{command}`: no package {package} in the workspace",
+                name(page)
+            );
+        }
+        let selected: Vec<&Package> = if packages.is_empty() {
+            workspace.iter().filter(|p| p.root).collect()
+        } else {
+            workspace
+                .iter()
+                .filter(|p| packages.contains(&p.name.as_str()))
+                .collect()
+        };
+        for (kind, target) in targets {
+            assert!(
+                selected
+                    .iter()
+                    .any(|p| p.targets.contains(&(kind.to_owned(), target.to_owned()))),
+                "{}: `{command}`: no {kind} target {target} in {packages:?} (the root package if none)",
+                name(page)
+            );
+        }
+    });
     assert!(checked >= 10, "{checked} cargo commands");
 }
 
@@ -437,35 +445,30 @@ fn links(markdown: &str) -> Vec<String> {
 /// heading of its page.
 #[test]
 fn links_lead_to_files_and_headings_that_exist() {
-    let mut checked = 0;
-    for page in pages() {
-        let markdown = read(&page);
-        for link in links(&markdown) {
-            let (file, fragment) = match link.split_once('#') {
-                Some((file, fragment)) => (file, Some(fragment)),
-                None => (link.as_str(), None),
-            };
-            let target = if file.is_empty() {
-                page.clone()
-            } else {
-                page.parent().unwrap().join(file)
-            };
+    let checked = each_in_pages(links, |page, link| {
+        let (file, fragment) = match link.split_once('#') {
+            Some((file, fragment)) => (file, Some(fragment)),
+            None => (link.as_str(), None),
+        };
+        let target = if file.is_empty() {
+            page.to_path_buf()
+        } else {
+            page.parent().unwrap().join(file)
+        };
+        assert!(
+            target.exists(),
+            "{}: the link {link} leads nowhere",
+            name(page)
+        );
+        if let Some(fragment) = fragment {
             assert!(
-                target.exists(),
-                "{}: the link {link} leads nowhere",
-                name(&page)
+                anchors(&read(&target)).contains(fragment),
+                "{}: the link {link}: no heading #{fragment} in {}",
+                name(page),
+                target.display()
             );
-            if let Some(fragment) = fragment {
-                assert!(
-                    anchors(&read(&target)).contains(fragment),
-                    "{}: the link {link}: no heading #{fragment} in {}",
-                    name(&page),
-                    target.display()
-                );
-            }
-            checked += 1;
         }
-    }
+    });
     assert!(checked >= 50, "{checked} links");
 }
 

@@ -31,6 +31,16 @@ function scratch(t) {
 }
 
 /**
+ * A server of the test's own on a fresh PostgreSQL database, which the test may break.
+ * @param {import("node:test").TestContext} t
+ */
+async function onDatabase(t) {
+  const space = scratch(t);
+  const database = await space.database();
+  return { database, server: await space.server([], database) };
+}
+
+/**
  * Resolves with the reason once `signal` is aborted, or with `null` after `ms`.
  * @param {AbortSignal} signal
  * @param {number} ms
@@ -139,9 +149,7 @@ test("a lease not renewed is lost before another owner can have it", async (t) =
 });
 
 test("a refused renewal aborts the signal at once", async (t) => {
-  const space = scratch(t);
-  const database = await space.database();
-  const server = await space.server([], database);
+  const { database, server } = await onDatabase(t);
   const client = new Client(server.url);
   await client.withLease("job:refused", { ttlSeconds: 3 }, async (lease) => {
     // The lease expires in the store (as after a pause): the next renewal, within a
@@ -218,9 +226,7 @@ test("Symbol.asyncDispose releases, and never throws after a loss", async (t) =>
 });
 
 test("a store outage is retried until it ends", async (t) => {
-  const space = scratch(t);
-  const database = await space.database();
-  const server = await space.server([], database);
+  const { database, server } = await onDatabase(t);
   const client = new Client(server.url);
   await client.withLease("job:outage", { ttlSeconds: 6 }, async (lease) => {
     await setConnections(database, false);
@@ -233,9 +239,7 @@ test("a store outage is retried until it ends", async (t) => {
 });
 
 test("acquire retries 503 honouring Retry-After, then is unavailable", async (t) => {
-  const space = scratch(t);
-  const database = await space.database();
-  const server = await space.server([], database);
+  const { database, server } = await onDatabase(t);
   await setConnections(database, false);
   const client = new Client(server.url, { retry: new RetryPolicy({ deadlineMs: 2500 }) });
   const started = performance.now();

@@ -3,16 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import {
-  ForbiddenError,
-  LeaseLostError,
-  NotAcquiredError,
-  ProtocolError,
-  QuotaExceededError,
-  RejectedError,
-  RetryPolicy,
-  UnavailableError,
-} from "../src/index.js";
+import * as fencelock from "../src/index.js";
 
 import { failure, lockPath, readAcquire, readRelease, readRenew, retryAfterMs } from "../src/protocol.js";
 import { Term, now } from "../src/timing.js";
@@ -57,29 +48,29 @@ test("acquire tells the lease from contention", () => {
     waitedMs: 0,
   });
   const held = readAcquire(answer(200, { acquired: false, resource: "job:1" }), "job:1");
-  assert.ok(held instanceof NotAcquiredError && held.delayedUntil === null);
+  assert.ok(held instanceof fencelock.NotAcquiredError && held.delayedUntil === null);
   const waited = readAcquire(answer(200, { acquired: true, lock: LOCK, waited_ms: 1200 }), "job:1");
-  assert.equal(!(waited instanceof NotAcquiredError) && waited.waitedMs, 1200);
+  assert.equal(!(waited instanceof fencelock.NotAcquiredError) && waited.waitedMs, 1200);
   const signed = readAcquire(answer(200, { acquired: true, lock: { ...LOCK, fence_token: "7.sig" } }), "job:1");
-  assert.equal(!(signed instanceof NotAcquiredError) && signed.fenceToken, "7.sig");
+  assert.equal(!(signed instanceof fencelock.NotAcquiredError) && signed.fenceToken, "7.sig");
 });
 
 test("outages are unavailable, with Retry-After", () => {
   for (const status of [500, 502, 503, 504, 408, 429]) {
     const error = failure(answer(status, problem("store-unavailable", status), "1"));
-    assert.ok(error instanceof UnavailableError && error.retryAfterMs === 1000, String(status));
+    assert.ok(error instanceof fencelock.UnavailableError && error.retryAfterMs === 1000, String(status));
   }
 });
 
 test("refusals are sorted by remedy", () => {
-  assert.ok(failure(answer(429, problem("quota-exceeded", 429))) instanceof QuotaExceededError);
-  assert.ok(failure(answer(401, problem("unauthorized", 401))) instanceof ForbiddenError);
-  assert.ok(failure(answer(403, problem("forbidden-scope", 403))) instanceof ForbiddenError);
+  assert.ok(failure(answer(429, problem("quota-exceeded", 429))) instanceof fencelock.QuotaExceededError);
+  assert.ok(failure(answer(401, problem("unauthorized", 401))) instanceof fencelock.ForbiddenError);
+  assert.ok(failure(answer(403, problem("forbidden-scope", 403))) instanceof fencelock.ForbiddenError);
   const invalid = failure(answer(422, problem("validation-failed", 422)));
-  assert.ok(invalid instanceof RejectedError && !(invalid instanceof ForbiddenError) && invalid.status === 422);
-  assert.ok(failure(answer(302)) instanceof ProtocolError);
-  assert.ok(thrown(() => readAcquire(answer(200, "<html>proxy</html>"), "r")) instanceof ProtocolError);
-  assert.ok(thrown(() => readAcquire(answer(200, { acquired: true }), "r")) instanceof ProtocolError);
+  assert.ok(invalid instanceof fencelock.RejectedError && !(invalid instanceof fencelock.ForbiddenError) && invalid.status === 422);
+  assert.ok(failure(answer(302)) instanceof fencelock.ProtocolError);
+  assert.ok(thrown(() => readAcquire(answer(200, "<html>proxy</html>"), "r")) instanceof fencelock.ProtocolError);
+  assert.ok(thrown(() => readAcquire(answer(200, { acquired: true }), "r")) instanceof fencelock.ProtocolError);
 });
 
 test("renew refusals are lease lost", () => {
@@ -91,20 +82,20 @@ test("renew refusals are lease lost", () => {
     [409, "something-new"],
   ]) {
     const error = thrown(() => readRenew(answer(Number(status), problem(String(type), Number(status))), "job:1", 7));
-    assert.ok(error instanceof LeaseLostError && error.reason === type, String(type));
+    assert.ok(error instanceof fencelock.LeaseLostError && error.reason === type, String(type));
   }
 });
 
 test("a renewal answered with another fence breaks the contract", () => {
   assert.equal(readRenew(answer(200, { lock: LOCK }), "job:1", 7).fence, 7);
-  assert.ok(thrown(() => readRenew(answer(200, { lock: LOCK }), "job:1", 8)) instanceof ProtocolError);
+  assert.ok(thrown(() => readRenew(answer(200, { lock: LOCK }), "job:1", 8)) instanceof fencelock.ProtocolError);
 });
 
 test("release refusals", () => {
   readRelease(answer(204), "job:1");
   const taken = thrown(() => readRelease(answer(403, problem("forbidden", 403)), "job:1"));
-  assert.ok(taken instanceof LeaseLostError && taken.reason === "owner-mismatch");
-  assert.ok(thrown(() => readRelease(answer(403, problem("forbidden-scope", 403)), "job:1")) instanceof ForbiddenError);
+  assert.ok(taken instanceof fencelock.LeaseLostError && taken.reason === "owner-mismatch");
+  assert.ok(thrown(() => readRelease(answer(403, problem("forbidden-scope", 403)), "job:1")) instanceof fencelock.ForbiddenError);
 });
 
 test("names go into the path as one segment", () => {
@@ -134,9 +125,9 @@ test("a term renews at a third and keeps a margin", () => {
 });
 
 test("retries stop at the deadline, and before a Retry-After past it", () => {
-  const policy = new RetryPolicy({ initialBackoffMs: 100, maxBackoffMs: 1000, deadlineMs: 10_000 });
+  const policy = new fencelock.RetryPolicy({ initialBackoffMs: 100, maxBackoffMs: 1000, deadlineMs: 10_000 });
   assert.deepEqual([0, 1, 2, 3, 4, 5].map((n) => policy.ceilingMs(n)), [100, 200, 400, 800, 1000, 1000]);
-  assert.equal(new RetryPolicy({ initialBackoffMs: 0, maxBackoffMs: 0 }).ceilingMs(0), 1);
+  assert.equal(new fencelock.RetryPolicy({ initialBackoffMs: 0, maxBackoffMs: 0 }).ceilingMs(0), 1);
   const retries = policy.start();
   for (let i = 0; i < 50; i += 1) {
     const pause = retries.pauseMs(null);

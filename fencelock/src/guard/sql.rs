@@ -73,22 +73,17 @@ pub fn postgres(keys: &FenceKeys) -> String {
          BEGIN;\n\n",
     );
     script.push_str(POSTGRES);
-    let secrets = hex_secrets(keys, |secret| secret.to_vec());
-    if secrets.is_empty() {
-        script.push_str(KEYS_UNTOUCHED);
-    } else {
-        let values = join(
-            &secrets,
-            |hex| format!("(decode('{hex}', 'hex'))"),
-            ",\n           ",
-        );
-        let kept = join(&secrets, |hex| format!("decode('{hex}', 'hex')"), ", ");
-        script.push_str(KEYS_REPLACED);
-        script.push_str(&format!(
-            "INSERT INTO fencelock_guard.fence_keys (secret)\n    VALUES {values}\n    ON CONFLICT (secret) DO NOTHING;\n\
-             DELETE FROM fencelock_guard.fence_keys\n    WHERE secret NOT IN ({kept});\n"
-        ));
-    }
+    script.push_str(&installing(
+        &hex_secrets(keys, |secret| secret.to_vec()),
+        |hex| format!("(decode('{hex}', 'hex'))"),
+        |hex| format!("decode('{hex}', 'hex')"),
+        |values, kept| {
+            format!(
+                "INSERT INTO fencelock_guard.fence_keys (secret)\n    VALUES {values}\n    ON CONFLICT (secret) DO NOTHING;\n\
+                 DELETE FROM fencelock_guard.fence_keys\n    WHERE secret NOT IN ({kept});\n"
+            )
+        },
+    ));
     script.push_str("\nCOMMIT;\n");
     script
 }
@@ -107,24 +102,19 @@ pub fn mysql(keys: &FenceKeys) -> String {
         ..=64 => secret.to_vec(),
         _ => Sha256::digest(secret).to_vec(),
     };
-    let secrets = hex_secrets(keys, block_key);
-    if secrets.is_empty() {
-        script.push_str(KEYS_UNTOUCHED);
-    } else {
-        let values = join(
-            &secrets,
-            |hex| format!("(X'{hex}', UTC_TIMESTAMP(6))"),
-            ",\n           ",
-        );
-        let kept = join(&secrets, |hex| format!("X'{hex}'"), ", ");
-        script.push_str(KEYS_REPLACED);
-        script.push_str(&format!(
-            "START TRANSACTION;\n\
-             INSERT INTO fencelock_guard_fence_keys (secret, added_at)\n    VALUES {values}\n    ON DUPLICATE KEY UPDATE secret = secret;\n\
-             DELETE FROM fencelock_guard_fence_keys\n    WHERE secret NOT IN ({kept});\n\
-             COMMIT;\n"
-        ));
-    }
+    script.push_str(&installing(
+        &hex_secrets(keys, block_key),
+        |hex| format!("(X'{hex}', UTC_TIMESTAMP(6))"),
+        |hex| format!("X'{hex}'"),
+        |values, kept| {
+            format!(
+                "START TRANSACTION;\n\
+                 INSERT INTO fencelock_guard_fence_keys (secret, added_at)\n    VALUES {values}\n    ON DUPLICATE KEY UPDATE secret = secret;\n\
+                 DELETE FROM fencelock_guard_fence_keys\n    WHERE secret NOT IN ({kept});\n\
+                 COMMIT;\n"
+            )
+        },
+    ));
     script
 }
 
@@ -144,6 +134,24 @@ fn hex_secrets(keys: &FenceKeys, stored: impl Fn(&[u8]) -> Vec<u8>) -> Vec<Strin
     let hex = |bytes: Vec<u8>| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
     let unique: BTreeSet<String> = keys.iter().map(|key| hex(stored(key.secret()))).collect();
     unique.into_iter().collect()
+}
+
+/// The part of a script that makes `secrets` (hexadecimal) the installed keys, or, with none,
+/// leaves the installed ones as they are. `statements(values, kept)` are the dialect's
+/// statements that insert `values` (each secret as a `row`) and delete every key not in
+/// `kept` (each secret as a `literal`).
+fn installing(
+    secrets: &[String],
+    row: impl Fn(&String) -> String,
+    literal: impl Fn(&String) -> String,
+    statements: impl FnOnce(&str, &str) -> String,
+) -> String {
+    if secrets.is_empty() {
+        return KEYS_UNTOUCHED.to_owned();
+    }
+    let values = join(secrets, row, ",\n           ");
+    let kept = join(secrets, literal, ", ");
+    format!("{KEYS_REPLACED}{}", statements(&values, &kept))
 }
 
 /// The `literal` of each secret, joined by `separator`.

@@ -174,11 +174,31 @@ struct Job {
     deadline: Deadline,
 }
 
-/// A queued request, of one of the kinds [`Batched`] is for.
-pub(super) enum Op {
-    Acquire(AcquireRequest, Reply<AcquireOutcome>),
-    Renew(RenewRequest, Reply<RenewOutcome>),
-    Release(ReleaseRequest, Reply<ReleaseOutcome>),
+/// Declares [`Op`], a queued request of one of the kinds [`Batched`] is for, and how each
+/// kind is queued as its variant ([`Queued`]).
+macro_rules! kinds {
+    ($($kind:ident($request:ty) -> $outcome:ty),* $(,)?) => {
+        /// A queued request, of one of the kinds [`Batched`] is for.
+        pub(super) enum Op {
+            $($kind($request, Reply<$outcome>),)*
+        }
+
+        $(
+            impl Queued for $request {
+                type Outcome = $outcome;
+
+                fn queued(self, reply: Reply<$outcome>) -> Op {
+                    Op::$kind(self, reply)
+                }
+            }
+        )*
+    };
+}
+
+kinds! {
+    Acquire(AcquireRequest) -> AcquireOutcome,
+    Renew(RenewRequest) -> RenewOutcome,
+    Release(ReleaseRequest) -> ReleaseOutcome,
 }
 
 /// `$body` with `$req` and `$reply` bound to the request and the reply `$op` holds, whatever
@@ -228,7 +248,7 @@ impl Job {
                 "fencelock_apply gave no answer for a request"
             )));
         };
-        let _ = each_kind!(self.op, req, reply => reply.send(req.outcome(row)).is_ok());
+        let _ = each_kind!(self.op, req, reply => reply.send(req.answer(row)).is_ok());
     }
 
     /// Decides the request alone.
@@ -527,18 +547,31 @@ fn lock_wait(statement_timeout: Duration) -> i32 {
     i32::try_from(wait.as_millis()).unwrap_or(i32::MAX)
 }
 
-/// A lock write the committers decide, as `fencelock_apply` sees it: its element of each
-/// of the statement's parameter arrays, and what its row of the answer says.
-pub(super) trait Batched: Clone + Send + Sync + 'static {
+/// A request as a batch queues it: as its variant of [`Op`] (see `kinds!`), with where its
+/// answer goes.
+pub(super) trait Queued {
     type Outcome: Send + 'static;
 
-    /// The request queued, with where its answer goes.
     fn queued(self, reply: Reply<Self::Outcome>) -> Op;
+}
 
+/// A lock write the committers decide, as `fencelock_apply` sees it: its element of each
+/// of the statement's parameter arrays, and what its row of the answer says.
+pub(super) trait Batched: Queued + Clone + Send + Sync + 'static {
     fn params(&self) -> Params<'_>;
 
-    /// What the request's row of `fencelock_apply`'s answer says.
-    fn outcome(&self, row: &Row) -> Result<Self::Outcome, StoreError>;
+    /// What the request's row of `fencelock_apply`'s answer says: its kind's outcome, or,
+    /// whatever its kind, an error when its deadline passed before it was decided.
+    fn answer(&self, row: &Row) -> Result<Self::Outcome, StoreError> {
+        match column::<&str>(row, 1)? {
+            "too_late" => Err(StoreError::too_late()),
+            decision => self.outcome(decision, row),
+        }
+    }
+
+    /// The outcome that `decision` (the first column of the request's row) and the rest of
+    /// the row say.
+    fn outcome(&self, decision: &str, row: &Row) -> Result<Self::Outcome, StoreError>;
 
     /// The request decided alone, by `fencelock_apply` with this request only: the rules (and
     /// the history they write) exist once, in SQL, for batches and single requests alike.
@@ -547,7 +580,7 @@ pub(super) trait Batched: Clone + Send + Sync + 'static {
     async fn alone(&self, db: &Db, deadline: Deadline) -> Result<Self::Outcome, StoreError> {
         let until = db.database_deadline(deadline).await?;
         let row = db.apply_alone(self.params(), until).await?;
-        self.outcome(&row)
+        self.answer(&row)
     }
 }
 
@@ -594,12 +627,6 @@ impl<'a> Params<'a> {
 }
 
 impl Batched for AcquireRequest {
-    type Outcome = AcquireOutcome;
-
-    fn queued(self, reply: Reply<AcquireOutcome>) -> Op {
-        Op::Acquire(self, reply)
-    }
-
     fn params(&self) -> Params<'_> {
         Params {
             ttl: Some(super::ttl_param(self.ttl.seconds())),
@@ -615,13 +642,12 @@ impl Batched for AcquireRequest {
         }
     }
 
-    fn outcome(&self, row: &Row) -> Result<AcquireOutcome, StoreError> {
-        Ok(match column::<&str>(row, 1)? {
+    fn outcome(&self, decision: &str, row: &Row) -> Result<AcquireOutcome, StoreError> {
+        Ok(match decision {
             "held" => super::held(column(row, 4)?, column(row, 5)?, column(row, 3)?),
             "quota_exceeded" => AcquireOutcome::QuotaExceeded {
                 max_leases: self.token.as_ref().and_then(|t| t.max_leases).unwrap_or(0),
             },
-            "too_late" => return Err(StoreError::too_late()),
             how => AcquireOutcome::Acquired {
                 how: acquisition(how)?,
                 lease: lease(&self.resource, &self.owner, row)?,
@@ -631,12 +657,6 @@ impl Batched for AcquireRequest {
 }
 
 impl Batched for RenewRequest {
-    type Outcome = RenewOutcome;
-
-    fn queued(self, reply: Reply<RenewOutcome>) -> Op {
-        Op::Renew(self, reply)
-    }
-
     fn params(&self) -> Params<'_> {
         Params {
             ttl: Some(super::ttl_param(self.ttl.seconds())),
@@ -645,8 +665,8 @@ impl Batched for RenewRequest {
         }
     }
 
-    fn outcome(&self, row: &Row) -> Result<RenewOutcome, StoreError> {
-        Ok(match column::<&str>(row, 1)? {
+    fn outcome(&self, decision: &str, row: &Row) -> Result<RenewOutcome, StoreError> {
+        Ok(match decision {
             "renewed" => RenewOutcome::Renewed(lease(&self.resource, &self.owner, row)?),
             "not_found" => RenewOutcome::NotFound,
             "expired" => RenewOutcome::Expired,
@@ -654,19 +674,12 @@ impl Batched for RenewRequest {
             "stale_fence" => RenewOutcome::StaleFence {
                 current: fence_at(row, 2)?,
             },
-            "too_late" => return Err(StoreError::too_late()),
             other => return Err(unknown(other)),
         })
     }
 }
 
 impl Batched for ReleaseRequest {
-    type Outcome = ReleaseOutcome;
-
-    fn queued(self, reply: Reply<ReleaseOutcome>) -> Op {
-        Op::Release(self, reply)
-    }
-
     fn params(&self) -> Params<'_> {
         Params {
             fence: self.fence,
@@ -674,8 +687,8 @@ impl Batched for ReleaseRequest {
         }
     }
 
-    fn outcome(&self, row: &Row) -> Result<ReleaseOutcome, StoreError> {
-        Ok(match column::<&str>(row, 1)? {
+    fn outcome(&self, decision: &str, row: &Row) -> Result<ReleaseOutcome, StoreError> {
+        Ok(match decision {
             "released" => ReleaseOutcome::Released {
                 fence: fence_at(row, 2)?,
                 acquired_at: column(row, 3)?,
@@ -686,7 +699,6 @@ impl Batched for ReleaseRequest {
             "stale_fence" => ReleaseOutcome::StaleFence {
                 current: fence_at(row, 2)?,
             },
-            "too_late" => return Err(StoreError::too_late()),
             other => return Err(unknown(other)),
         })
     }

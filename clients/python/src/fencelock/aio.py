@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -15,58 +15,20 @@ import httpx
 from . import _protocol as wire
 from ._base import Acquisition, ClientBase, Granted
 from ._lease import RELEASED, UNCONFIRMED, LeaseBase, log
-from ._timing import RetryPolicy
 from .errors import FencelockError, LeaseLost, NotAcquired, Unavailable
 
 T = TypeVar("T")
 
 
-class AsyncClient(ClientBase):
+class AsyncClient(
+    ClientBase[
+        httpx.AsyncClient,
+        "Coroutine[Any, Any, AsyncLease | None]",
+        "contextlib.AbstractAsyncContextManager[AsyncLease]",
+    ]
+):
     """`Client` for asyncio: the same arguments and rules, every call awaited. Close it with
-    `await client.aclose()` (or use `async with`)."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        token: str | None = None,
-        timeout: float = 10.0,
-        retry: RetryPolicy | None = None,
-    ) -> None:
-        super().__init__(url, token=token, timeout=timeout, retry=retry)
-        self._http = httpx.AsyncClient(base_url=self._base_url, headers=self._headers, timeout=timeout)
-
-    async def acquire(
-        self,
-        resource: str,
-        ttl_seconds: int,
-        *,
-        wait_ms: int = 0,
-        lock_delay_ms: int | None = None,
-    ) -> AsyncLease | None:
-        """See `Client.acquire`: the lease (not renewed by itself), or `None` when held."""
-        granted = await self._acquire(Acquisition(resource, ttl_seconds, wait_ms, lock_delay_ms))
-        if isinstance(granted, NotAcquired):
-            return None
-        return AsyncLease(self, resource, ttl_seconds, granted, renewing=False)
-
-    @contextlib.asynccontextmanager
-    async def lease(
-        self,
-        resource: str,
-        ttl_seconds: int,
-        *,
-        wait_ms: int = 0,
-        lock_delay_ms: int | None = None,
-    ) -> AsyncIterator[AsyncLease]:
-        """`async with client.lease("job:42", 30) as lease:` acquires (raising
-        `NotAcquired` when held), renews in a background task, releases at the end. A loss
-        sets `lease.lost`; it never raises on its own, nor when the block is left."""
-        granted = await self._acquire(Acquisition(resource, ttl_seconds, wait_ms, lock_delay_ms))
-        if isinstance(granted, NotAcquired):
-            raise granted
-        async with AsyncLease(self, resource, ttl_seconds, granted, renewing=True) as lease:
-            yield lease
+    `await client.aclose()` (or use `async with`). `lease()` renews in a background task."""
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -76,6 +38,23 @@ class AsyncClient(ClientBase):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    def _connect(self, base_url: str, headers: dict[str, str], timeout: float) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
+
+    async def _lease_or_none(self, call: Acquisition) -> AsyncLease | None:
+        granted = await self._acquire(call)
+        if isinstance(granted, NotAcquired):
+            return None
+        return AsyncLease(self, call.resource, call.ttl_seconds, granted, renewing=False)
+
+    @contextlib.asynccontextmanager
+    async def _renewed_lease(self, call: Acquisition) -> AsyncIterator[AsyncLease]:
+        granted = await self._acquire(call)
+        if isinstance(granted, NotAcquired):
+            raise granted
+        async with AsyncLease(self, call.resource, call.ttl_seconds, granted, renewing=True) as lease:
+            yield lease
 
     async def _acquire(self, call: Acquisition) -> Granted | NotAcquired:
         async def attempt() -> Granted | NotAcquired:

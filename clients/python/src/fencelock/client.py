@@ -14,68 +14,15 @@ import httpx
 from . import _protocol as wire
 from ._base import Acquisition, ClientBase, Granted
 from ._lease import RELEASED, UNCONFIRMED, LeaseBase, log
-from ._timing import RetryPolicy
 from .errors import FencelockError, LeaseLost, NotAcquired, Unavailable
 
 T = TypeVar("T")
 
 
-class Client(ClientBase):
+class Client(ClientBase[httpx.Client, "Lease | None", "contextlib.AbstractContextManager[Lease]"]):
     """A client of one fencelock server (or of a load balancer before several sharing a
-    store). Thread-safe; close it (or use `with`) to free its connections.
-
-    `token` is the bearer secret for a server with `--auth-file`; `timeout` bounds each
-    request (plus the wait of an acquire with `wait_ms`); `retry` bounds how long an outage
-    is retried (by default: pauses from 100 ms doubling to 1 s, for at most 5 s).
-    """
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        token: str | None = None,
-        timeout: float = 10.0,
-        retry: RetryPolicy | None = None,
-    ) -> None:
-        super().__init__(url, token=token, timeout=timeout, retry=retry)
-        self._http = httpx.Client(base_url=self._base_url, headers=self._headers, timeout=timeout)
-
-    def acquire(
-        self,
-        resource: str,
-        ttl_seconds: int,
-        *,
-        wait_ms: int = 0,
-        lock_delay_ms: int | None = None,
-    ) -> Lease | None:
-        """Acquires `resource` for `ttl_seconds` under a fresh owner secret: the `Lease`, or
-        `None` when another owner holds it (through `wait_ms`, when given: the server
-        waits, first come first served). The lease is *not* renewed by itself: call
-        `renew()` in time, or use `lease()`. Outages are retried under the client's policy
-        with the same owner (a re-acquire), then raise `Unavailable`."""
-        granted = self._acquire(Acquisition(resource, ttl_seconds, wait_ms, lock_delay_ms))
-        if isinstance(granted, NotAcquired):
-            return None
-        return Lease(self, resource, ttl_seconds, granted, renewing=False)
-
-    @contextlib.contextmanager
-    def lease(
-        self,
-        resource: str,
-        ttl_seconds: int,
-        *,
-        wait_ms: int = 0,
-        lock_delay_ms: int | None = None,
-    ) -> Iterator[Lease]:
-        """`with client.lease("job:42", 30) as lease:` acquires (raising `NotAcquired` when
-        held), renews every third of the TTL on a background thread while the block runs,
-        and releases at its end. A loss sets `lease.lost` and makes `lease.check()` raise;
-        it never raises on its own, and leaving the block after it raises nothing."""
-        granted = self._acquire(Acquisition(resource, ttl_seconds, wait_ms, lock_delay_ms))
-        if isinstance(granted, NotAcquired):
-            raise granted
-        with Lease(self, resource, ttl_seconds, granted, renewing=True) as lease:
-            yield lease
+    store). Thread-safe; close it (or use `with`) to free its connections. `lease()` renews
+    on a background thread."""
 
     def close(self) -> None:
         self._http.close()
@@ -85,6 +32,23 @@ class Client(ClientBase):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _connect(self, base_url: str, headers: dict[str, str], timeout: float) -> httpx.Client:
+        return httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
+
+    def _lease_or_none(self, call: Acquisition) -> Lease | None:
+        granted = self._acquire(call)
+        if isinstance(granted, NotAcquired):
+            return None
+        return Lease(self, call.resource, call.ttl_seconds, granted, renewing=False)
+
+    @contextlib.contextmanager
+    def _renewed_lease(self, call: Acquisition) -> Iterator[Lease]:
+        granted = self._acquire(call)
+        if isinstance(granted, NotAcquired):
+            raise granted
+        with Lease(self, call.resource, call.ttl_seconds, granted, renewing=True) as lease:
+            yield lease
 
     def _acquire(self, call: Acquisition) -> Granted | NotAcquired:
         def attempt() -> Granted | NotAcquired:
