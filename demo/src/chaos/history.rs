@@ -44,6 +44,8 @@ pub type Micros = u64;
 pub struct Record {
     /// Who sent it: a worker's number, or `None` for the run's own checks.
     pub worker: Option<usize>,
+    /// The lease-server instance it went to (its index); `None` for the demo store.
+    pub instance: Option<usize>,
     pub resource: String,
     pub sent_us: Micros,
     pub received_us: Micros,
@@ -59,7 +61,15 @@ pub enum Op {
         ttl_seconds: u32,
         /// The request's `wait_ms`; `0` when it did not wait.
         wait_ms: u32,
+        /// The request's `lock_delay_ms`; `0` when it asked for none.
+        lock_delay_ms: u32,
         answer: AcquireAnswer,
+    },
+    Renew {
+        owner: String,
+        fence: i64,
+        ttl_seconds: u32,
+        answer: RenewAnswer,
     },
     Write {
         owner: String,
@@ -121,6 +131,21 @@ pub enum ReleaseAnswer {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "answer", rename_all = "snake_case")]
+pub enum RenewAnswer {
+    Renewed(Lease),
+    /// `404` or `409` (`lease-expired`, `owner-mismatch`, `stale-fence`): nothing changed.
+    Refused {
+        status: u16,
+        /// The problem's `type`, last path segment (`lease-expired`, ...).
+        problem: String,
+    },
+    Unknown {
+        why: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
 pub enum InspectAnswer {
     Live(Lease),
     None,
@@ -150,6 +175,8 @@ pub struct PastLease {
 pub struct Fault {
     pub from_us: Micros,
     pub until_us: Micros,
+    /// The instance killed; `None` for a cut of every instance's connections to the store.
+    pub instance: Option<usize>,
 }
 
 /// What a run observed: its records, the write log of every key and the store's history of
@@ -190,15 +217,32 @@ impl fmt::Display for Violation {
 /// "lease vanished" check could misjudge; clocks on one machine differ by far less.
 const CLOCK_RATE_MARGIN: Duration = Duration::from_millis(50);
 
-/// An acknowledged acquisition, with what its owner did about releasing it.
-struct Acknowledged<'a> {
-    resource: &'a str,
-    lease: Lease,
-    sent_us: Micros,
-    received_us: Micros,
-    ttl_seconds: u32,
+/// How far apart two store times read from answers may be and still be the same: each is
+/// cut to the millisecond (PostgreSQL keeps microseconds), so two of them are off by less
+/// than 2 ms.
+const STAMP_TOLERANCE: chrono::TimeDelta = chrono::TimeDelta::milliseconds(2);
+
+/// How soon after its request was sent a waiting acquisition holds its place in the queue,
+/// at the latest, unless a fault struck its instance (or every instance) meanwhile: the
+/// server's first attempt and the enqueue are two store steps. This is the one timing
+/// assumption of the FIFO check: a server stalled longer than this could rightly queue a
+/// waiter behind one sent after it.
+pub const ENQUEUED_WITHIN: Duration = Duration::from_millis(1500);
+
+/// An acknowledged acquisition, with what its owner did about renewing and releasing it.
+pub(crate) struct Acknowledged<'a> {
+    pub(crate) resource: &'a str,
+    pub(crate) owner: &'a str,
+    pub(crate) lease: Lease,
+    pub(crate) sent_us: Micros,
+    pub(crate) received_us: Micros,
+    pub(crate) ttl_seconds: u32,
+    pub(crate) lock_delay_ms: u32,
+    /// Its expiry after the last renewal acknowledged (the acquisition's own if none was):
+    /// renewals use the same TTL, so the lease lasts at least this long unless released.
+    pub(crate) expires_at: DateTime<Utc>,
     /// When the owner first sent a release of it that was not refused.
-    release_sent_us: Option<Micros>,
+    pub(crate) release_sent_us: Option<Micros>,
 }
 
 impl History {
@@ -214,7 +258,152 @@ impl History {
         self.check_releases_in_real_time(&acks, &mut found);
         self.check_inspections(&acks, &mut found);
         self.check_grants_delivered(&acks, &mut found);
+        self.check_renewals(&acks, &mut found);
+        self.check_fifo(&acks, &mut found);
         found
+    }
+
+    /// A renewal answered `200` was decided while the lease was live: its store time (its new
+    /// `expires_at` less its TTL: the store sets one from the other) is before the lease's
+    /// expiry as the acquisition and the renewals before it left it. It keeps the lease's
+    /// fence and start. Once a renewal's answer is lost, the expiry is unknown and the
+    /// lease's later renewals are not judged.
+    fn check_renewals(&self, acks: &[Acknowledged<'_>], found: &mut Vec<Violation>) {
+        for a in acks {
+            let mut expires = a.lease.expires_at;
+            for (r, ttl_seconds, answer) in self.renewals_of(a) {
+                match answer {
+                    RenewAnswer::Renewed(renewed) => {
+                        let at = renewed.expires_at
+                            - chrono::TimeDelta::seconds(i64::from(ttl_seconds));
+                        if at >= expires + STAMP_TOLERANCE {
+                            found.push(Violation(format!(
+                                "{}: fence {} was renewed at {at} (store time, by a request sent at {}), after it had expired at {expires}",
+                                a.resource,
+                                a.lease.fence,
+                                ms(r.sent_us)
+                            )));
+                        }
+                        if renewed.fence != a.lease.fence
+                            || renewed.acquired_at != a.lease.acquired_at
+                        {
+                            found.push(Violation(format!(
+                                "{}: fence {} was acknowledged as {:?} but renewed as {renewed:?}",
+                                a.resource, a.lease.fence, a.lease
+                            )));
+                        }
+                        expires = renewed.expires_at;
+                    }
+                    RenewAnswer::Refused { .. } => {}
+                    RenewAnswer::Unknown { .. } => break,
+                }
+            }
+        }
+    }
+
+    /// The renewals of an acknowledged lease by its owner, in the order they were sent, with
+    /// their TTL.
+    fn renewals_of<'h>(
+        &'h self,
+        a: &Acknowledged<'_>,
+    ) -> impl Iterator<Item = (&'h Record, u32, &'h RenewAnswer)> {
+        let mut renewals: Vec<_> = self
+            .records
+            .iter()
+            .filter_map(|r| match &r.op {
+                Op::Renew {
+                    owner,
+                    fence,
+                    ttl_seconds,
+                    answer,
+                } if r.resource == a.resource && owner == a.owner && *fence == a.lease.fence => {
+                    Some((r, *ttl_seconds, answer))
+                }
+                _ => None,
+            })
+            .collect();
+        renewals.sort_by_key(|(r, _, _)| r.sent_us);
+        renewals.into_iter()
+    }
+
+    /// Whether the owner of `a` had sent a renewal of it by `by`.
+    fn renewing(&self, a: &Acknowledged<'_>, by: Micros) -> bool {
+        self.renewals_of(a).any(|(r, _, _)| r.sent_us <= by)
+    }
+
+    /// Waiters are served in the order they queued: no lease goes to a request sent more
+    /// than [`ENQUEUED_WITHIN`] after a waiter (on the same resource) that was still waiting,
+    /// alive, when the lease began. "Still waiting" means its answer came later, its wait had
+    /// not run out, and it did not get that lease or an earlier one; "alive" that it was
+    /// answered (a lost answer may hide a dead instance, whose tickets lapse) and no fault
+    /// struck its instance (or cut every instance's store connections) from its sending to
+    /// the grant.
+    fn check_fifo(&self, acks: &[Acknowledged<'_>], found: &mut Vec<Violation>) {
+        for b in acks {
+            let Some(granted) = self.local(b.lease.acquired_at) else {
+                continue;
+            };
+            let ahead = self.waiters_ahead_of(b.resource, b.sent_us, b.lease.acquired_at, granted);
+            if let Some(a) = ahead.into_iter().next() {
+                found.push(Violation(format!(
+                    "{}: fence {} went at {} to a request sent at {}, while a waiter sent at {} \
+                     (answered at {}) was queued ahead of it: not in arrival order",
+                    b.resource,
+                    b.lease.fence,
+                    ms(granted),
+                    ms(b.sent_us),
+                    ms(a.sent_us),
+                    ms(a.received_us)
+                )));
+            }
+        }
+    }
+
+    /// The waiting requests on `resource` that certainly held a live place in its queue,
+    /// ahead of any request sent at `sent_us`, when a lease began at `granted_at` (store
+    /// time; `granted` in local time): see [`History::check_fifo`].
+    pub(crate) fn waiters_ahead_of(
+        &self,
+        resource: &str,
+        sent_us: Micros,
+        granted_at: DateTime<Utc>,
+        granted: Micros,
+    ) -> Vec<&Record> {
+        let slack = micros(PLACEMENT_SLACK);
+        self.records
+            .iter()
+            .filter(|a| a.resource == resource)
+            .filter(|a| {
+                let Op::Acquire {
+                    wait_ms, answer, ..
+                } = &a.op
+                else {
+                    return false;
+                };
+                let waiting = match answer {
+                    AcquireAnswer::Held | AcquireAnswer::Departed => true,
+                    AcquireAnswer::Acquired(own) => own.acquired_at > granted_at,
+                    AcquireAnswer::Unknown { .. } => false,
+                };
+                let wait_ends = a.sent_us + u64::from(*wait_ms) * 1000;
+                waiting
+                    && *wait_ms > 0
+                    && a.sent_us + micros(ENQUEUED_WITHIN) < sent_us
+                    && granted + slack < a.received_us
+                    && granted + slack < wait_ends
+                    && !self.faulted(a.instance, a.sent_us, granted + slack)
+            })
+            .collect()
+    }
+
+    /// Whether a fault struck `instance` (a kill of it, or a cut of every instance) between
+    /// `from` and `until`.
+    fn faulted(&self, instance: Option<usize>, from: Micros, until: Micros) -> bool {
+        self.faults.iter().any(|f| {
+            (f.instance.is_none() || f.instance == instance)
+                && f.from_us <= until
+                && from <= f.until_us
+        })
     }
 
     /// A store time as local micros of the run; `None` before the run began.
@@ -319,7 +508,7 @@ impl History {
             .count()
     }
 
-    fn acknowledged(&self) -> Vec<Acknowledged<'_>> {
+    pub(crate) fn acknowledged(&self) -> Vec<Acknowledged<'_>> {
         // Releases that may have ended their lease; a refused one did not.
         let mut releases: HashMap<(&str, &str, i64), Micros> = HashMap::new();
         for r in &self.records {
@@ -335,24 +524,47 @@ impl History {
                 *first = (*first).min(r.sent_us);
             }
         }
+        // The latest expiry each lease's acknowledged renewals gave it.
+        let mut renewed: HashMap<(&str, &str, i64), DateTime<Utc>> = HashMap::new();
+        for r in &self.records {
+            if let Op::Renew {
+                owner,
+                fence,
+                answer: RenewAnswer::Renewed(lease),
+                ..
+            } = &r.op
+            {
+                let latest = renewed
+                    .entry((r.resource.as_str(), owner.as_str(), *fence))
+                    .or_insert(lease.expires_at);
+                *latest = (*latest).max(lease.expires_at);
+            }
+        }
         self.records
             .iter()
             .filter_map(|r| match &r.op {
                 Op::Acquire {
                     owner,
                     ttl_seconds,
+                    lock_delay_ms,
                     answer: AcquireAnswer::Acquired(lease),
                     ..
-                } => Some(Acknowledged {
-                    resource: &r.resource,
-                    lease: *lease,
-                    sent_us: r.sent_us,
-                    received_us: r.received_us,
-                    ttl_seconds: *ttl_seconds,
-                    release_sent_us: releases
-                        .get(&(r.resource.as_str(), owner.as_str(), lease.fence))
-                        .copied(),
-                }),
+                } => {
+                    let key = (r.resource.as_str(), owner.as_str(), lease.fence);
+                    Some(Acknowledged {
+                        resource: &r.resource,
+                        owner,
+                        lease: *lease,
+                        sent_us: r.sent_us,
+                        received_us: r.received_us,
+                        ttl_seconds: *ttl_seconds,
+                        lock_delay_ms: *lock_delay_ms,
+                        expires_at: renewed
+                            .get(&key)
+                            .map_or(lease.expires_at, |e| (*e).max(lease.expires_at)),
+                        release_sent_us: releases.get(&key).copied(),
+                    })
+                }
                 _ => None,
             })
             .collect()
@@ -507,7 +719,7 @@ impl History {
                         )));
                     }
                     if let Some(same) = known.iter().find(|a| a.lease.fence == shown.fence)
-                        && !agrees(same, r, shown)
+                        && !agrees(same, r, shown, self.renewing(same, r.received_us))
                     {
                         found.push(Violation(format!(
                             "{}: fence {} was acknowledged as {:?} but inspected as {:?}",
@@ -541,16 +753,27 @@ impl History {
     }
 }
 
+impl Acknowledged<'_> {
+    /// The end of its lock delay, had it ended by expiry.
+    pub(crate) fn delayed_until(&self) -> DateTime<Utc> {
+        self.expires_at + chrono::TimeDelta::milliseconds(i64::from(self.lock_delay_ms))
+    }
+}
+
 /// Whether an inspection (`r`, showing `shown`) agrees with the acknowledged lease of the
 /// same fence. Once the acknowledgment was received, the store shows the lease as it was
 /// acknowledged. While the acquisition is in flight, a lease a release handed over to a
 /// waiter may still show its provisional expiry (the store gives it the waiter's TTL when
 /// the waiter takes it, before answering): the same start, an earlier end.
-fn agrees(acked: &Acknowledged<'_>, r: &Record, shown: &Lease) -> bool {
+///
+/// Once its owner has sent a renewal, the lease may show any later expiry.
+fn agrees(acked: &Acknowledged<'_>, r: &Record, shown: &Lease, renewing: bool) -> bool {
+    let same_lease =
+        shown.fence == acked.lease.fence && shown.acquired_at == acked.lease.acquired_at;
     if r.sent_us < acked.received_us {
-        shown.fence == acked.lease.fence
-            && shown.acquired_at == acked.lease.acquired_at
-            && shown.expires_at <= acked.lease.expires_at
+        same_lease && shown.expires_at <= acked.lease.expires_at
+    } else if renewing {
+        same_lease && shown.expires_at >= acked.lease.expires_at
     } else {
         *shown == acked.lease
     }
@@ -611,16 +834,31 @@ fn check_no_overlap(acks: &[Acknowledged<'_>], found: &mut Vec<Violation>) {
                     a.lease.fence, a.lease.acquired_at, p.lease.fence, p.lease.acquired_at
                 )));
             }
-            // An earlier lease lasts until its expiry if its owner had not sent a release
-            // by the time this one was acknowledged.
-            let lasting = earlier.iter().filter(|p| {
-                a.lease.acquired_at < p.lease.expires_at
-                    && p.release_sent_us.is_none_or(|s| s > a.received_us)
-            });
-            if let Some(p) = lasting.max_by_key(|p| p.lease.expires_at) {
+            // An earlier lease lasts until its expiry (as its renewals left it) if its owner
+            // had not sent a release by the time this one was acknowledged; and having
+            // ended by expiry, it keeps other owners out for its lock delay after.
+            let unreleased = || {
+                earlier
+                    .iter()
+                    .filter(|p| p.release_sent_us.is_none_or(|s| s > a.received_us))
+            };
+            let lasting = unreleased().filter(|p| a.lease.acquired_at < p.expires_at);
+            if let Some(p) = lasting.max_by_key(|p| p.expires_at) {
                 found.push(Violation(format!(
                     "{resource}: fence {} starts at {}, while fence {} (not released by then) lasts until {}",
-                    a.lease.fence, a.lease.acquired_at, p.lease.fence, p.lease.expires_at
+                    a.lease.fence, a.lease.acquired_at, p.lease.fence, p.expires_at
+                )));
+            } else if let Some(p) = unreleased()
+                .filter(|p| a.lease.acquired_at + STAMP_TOLERANCE < p.delayed_until())
+                .max_by_key(|p| p.delayed_until())
+            {
+                found.push(Violation(format!(
+                    "{resource}: fence {} starts at {}, inside the lock delay of fence {} (expired at {}, delayed until {})",
+                    a.lease.fence,
+                    a.lease.acquired_at,
+                    p.lease.fence,
+                    p.expires_at,
+                    p.delayed_until()
                 )));
             }
         }
@@ -681,6 +919,7 @@ mod tests {
     fn record(resource: &str, sent_ms: u64, received_ms: u64, op: Op) -> Record {
         Record {
             worker: Some(0),
+            instance: Some(0),
             resource: resource.to_owned(),
             sent_us: sent_ms * 1000,
             received_us: received_ms * 1000,
@@ -697,6 +936,7 @@ mod tests {
             owner: owner.to_owned(),
             ttl_seconds: 1,
             wait_ms: 0,
+            lock_delay_ms: 0,
             answer,
         }
     }
@@ -951,6 +1191,7 @@ mod tests {
         history.faults.push(Fault {
             from_us: 2_000_000,
             until_us: 2_500_000,
+            instance: Some(1),
         });
         assert_eq!(violations(&history), Vec::<String>::new());
     }
