@@ -14,11 +14,15 @@
 //!   catch (no guard, per-row fences, a guard that checks and applies in two steps, ...).
 //! - `actors.rs`: the lease server, the store and the workers.
 //! - `properties.rs`: the properties (a)-(d), and the lease history they are judged on.
+//! - `rules.rs`: the store's atomic steps over many resources (acquire, wait in a queue, renew,
+//!   release with hand-over, leave, lock delay), pure and generic: shared with the replay of
+//!   real histories.
 //! - `trace.rs`: a counterexample as readable steps.
 
 pub mod actors;
 pub mod config;
 pub mod properties;
+pub mod rules;
 pub mod trace;
 
 use std::collections::{BTreeMap, BTreeSet};
