@@ -167,6 +167,8 @@ pub struct PastLease {
     pub acquired_at: DateTime<Utc>,
     /// `None` while it is live.
     pub ended_at: Option<DateTime<Utc>>,
+    /// It ended by a release (`ended_at` is the release's time), not by expiry.
+    pub released: bool,
 }
 
 /// A span of local time in which a fault was in force: an instance down (from its kill until
@@ -194,6 +196,9 @@ pub struct History {
     /// When the store's histories were read, in local time: a live lease has lasted until
     /// then.
     pub read_histories_us: Micros,
+    /// The store was PostgreSQL (which hands a released lease to the first waiter in the
+    /// release's own step), not SQLite.
+    pub postgres: bool,
 }
 
 /// The longest a lease nobody received may keep its resource (the contract's 3 s hand-over
@@ -201,7 +206,7 @@ pub struct History {
 pub const UNDELIVERED_LIMIT: Duration = Duration::from_millis(3500);
 /// How far apart the store's time stamps and this process's clock readings may be placed:
 /// one machine, one clock, but a request's time stamp is taken somewhere inside its flight.
-const PLACEMENT_SLACK: Duration = Duration::from_millis(250);
+pub(crate) const PLACEMENT_SLACK: Duration = Duration::from_millis(250);
 
 /// A broken promise, in words.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -407,9 +412,16 @@ impl History {
     }
 
     /// A store time as local micros of the run; `None` before the run began.
-    fn local(&self, at: DateTime<Utc>) -> Option<Micros> {
+    pub(crate) fn local(&self, at: DateTime<Utc>) -> Option<Micros> {
         let since = (at - self.started_at?).to_std().ok()?;
         Some(micros(since))
+    }
+
+    /// A local time of the run as a store time, moved by `shift` (the placement slack, one
+    /// way or the other).
+    pub(crate) fn store_time(&self, us: Micros, shift: chrono::TimeDelta) -> Option<DateTime<Utc>> {
+        let since = chrono::TimeDelta::microseconds(i64::try_from(us).ok()?);
+        Some(self.started_at? + since + shift)
     }
 
     /// Every lease of the store's histories was received by a request, or kept its resource
@@ -946,6 +958,7 @@ mod tests {
             fence,
             acquired_at: at(from_ms),
             ended_at: ended_ms.map(at),
+            released: true,
         }
     }
 

@@ -102,7 +102,8 @@ pub struct Summary {
     pub pauses: u64,
     pub stale_writes_rejected: usize,
     pub violations: Vec<Violation>,
-    /// Steps of the history the model's transition rules cannot explain ([`replay`]).
+    /// Steps of the history the model's transition rules cannot explain ([`replay`]): the
+    /// first of each resource's history that has one.
     pub unexplained: Vec<replay::Unexplained>,
 }
 
@@ -256,6 +257,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
         records,
         faults: faults.spans,
         started_at: Some(started_at),
+        postgres: options.database_url.is_some(),
         ..History::default()
     };
     for resource in resources.iter() {
@@ -275,6 +277,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
         write_history(path, &history.records)?;
         say!("chaos: history written to {}", path.display());
     }
+    let replayed = replay::replay(&history);
     let summary = Summary {
         operations: history.records.len(),
         kills: faults.kills,
@@ -283,7 +286,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
         pauses: pauses.get(),
         stale_writes_rejected: history.stale_writes_rejected(),
         violations: history.check(),
-        unexplained: replay::replay(&history),
+        unexplained: replayed.unexplained.clone(),
     };
     say!("{}", operations_line(&history.records));
     say!("{}", waiting_line(&history.records));
@@ -321,6 +324,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
         let kept = scratch.keep();
         say!("chaos: lease server logs kept in {}", kept.display());
     }
+    say!("{}", replayed.line());
     say!("{}", mix_line(&history.records));
     say!("{}", summary.last_line());
     Ok(summary)
@@ -944,6 +948,7 @@ async fn lease_history(
                 acquired_at: time(lease, "acquired_at")
                     .context("a past lease without acquired_at")?,
                 ended_at: time(lease, "ended_at"),
+                released: lease["end"] == json!("released"),
             })
         })
         .collect()

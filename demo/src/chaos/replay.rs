@@ -1,0 +1,679 @@
+//! Trace validation: each resource's history of a chaos run, replayed step by step against
+//! the model's transition rules (`fencelock_model::rules`, the same rules the bounded model
+//! checks), asking of every step the real store took whether the rules allow it from the
+//! state the history has reached.
+//!
+//! The steps are the store's own: every lease of the store's history of the resource
+//! (`GET /locks/{resource}/history`: its fence, its start, and its end by release or expiry,
+//! in store time), and every renewal answered `200` (its store time is its new expiry less
+//! its TTL). They are replayed in store-time order (at one millisecond, in fence order; a
+//! lease's grant before its renewals before its release), with what the requests carried:
+//! each lease's owner, TTL and lock delay from the acquisition that received it. Each step
+//! must come out of the rules as it came out of the store: a grant with that fence (above the
+//! last one of the resource: gaps are fine), a renewal, a release. And every renewal or
+//! release refused (`404`, `409`) must be refused by the rules at the end of its flight,
+//! when its lease is the least likely to be live.
+//!
+//! What a real run has and the rules do not, and how it is handled:
+//! - **Lost answers** (a kill, a cut, a `503`): the step may or may not have happened. A
+//!   lease no answer received is still in the store's history: it is replayed with an owner
+//!   of its own ([`Who::Unseen`]), whose TTL is read off its recorded expiry, with no lock
+//!   delay and outside any queue (its requester may have been anyone). A renewal whose
+//!   answer was lost may have extended its lease: a release the replayed expiry would refuse
+//!   is then explained by it.
+//! - **Concurrent requests**: the store's time stamps order the steps. Where the rules need
+//!   the queue (a grant), it holds only the waiters that were certainly in it, live and
+//!   ahead of the grantee ([`History::waiters_ahead_of`]: answered later, wait not over, no
+//!   fault on their instance, and sent more than
+//!   [`ENQUEUED_WITHIN`](super::history::ENQUEUED_WITHIN) before the grantee): any order is
+//!   allowed among the rest. So a refusal of an acquisition is never judged (it may rest on
+//!   a waiter the replay does not know of), and the queue's order rests on that one timing
+//!   assumption.
+//! - **PostgreSQL's hand-over** ([`Rules::POSTGRES`]): a release followed, at the same
+//!   millisecond, by a grant to a waiter is replayed as the release handing the lease to the
+//!   head of that queue, and the waiter taking it.
+//! - **The store's clock at the boundary**: answers cut store times to the millisecond. A
+//!   grant is judged [`TOLERANCE_MS`] later than stamped, and a renewal or release that
+//!   succeeded that much earlier, so that a step at the very boundary of an expiry or a lock
+//!   delay is not misjudged by the rounding.
+//!
+//! A resource whose history the rules cannot explain is reported with the first step they
+//! cannot explain, and its replay stops there.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use fencelock_model::rules::{
+    Acquire, AcquireOutcome, Number, ReleaseOutcome, RenewOutcome, Rules, StepError, Store,
+    Ticket,
+};
+
+use super::history::{
+    Acknowledged, History, Op, PLACEMENT_SLACK, PastLease, Record, ReleaseAnswer, RenewAnswer,
+};
+
+/// Milliseconds by which a grant is judged later, and a successful renewal or release
+/// earlier, than stamped: the answers cut store times to the millisecond (PostgreSQL keeps
+/// microseconds), so two stamps read from them are off by less than this.
+pub const TOLERANCE_MS: u64 = 2;
+
+/// A TTL long enough to outlast the run, for a lease no answer showed that the store's
+/// history shows live or released (its expiry is then not known, nor needed).
+const UNKNOWN_TTL_MS: u64 = 24 * 3600 * 1000;
+
+/// The first step of a resource's history that the rules cannot explain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unexplained {
+    pub resource: String,
+    /// Its number among the resource's replayed steps, from 1.
+    pub step: usize,
+    /// Its store time.
+    pub at: DateTime<Utc>,
+    pub what: String,
+}
+
+impl fmt::Display for Unexplained {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: step {} at {} (store time): {}",
+            self.resource, self.step, self.at, self.what
+        )
+    }
+}
+
+/// Who holds or waits, as the rules see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Who<'h> {
+    /// The owner a request named.
+    Named(&'h str),
+    /// The unknown requester of the lease with this fence, which no answer showed.
+    Unseen(u64),
+}
+
+impl fmt::Display for Who<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Who::Named(owner) => write!(f, "owner {owner}"),
+            Who::Unseen(fence) => write!(f, "the unseen requester of fence {fence}"),
+        }
+    }
+}
+
+/// One step of a resource's history, in store time.
+enum Step<'h> {
+    /// A lease of the store's history began.
+    Grant(&'h PastLease),
+    /// A renewal was answered `200` with this expiry.
+    Renewed {
+        owner: &'h str,
+        fence: u64,
+        ttl_ms: u64,
+        expires: u64,
+    },
+    /// A lease of the store's history ended by a release.
+    Released(&'h PastLease),
+    /// A renewal or a release was refused; judged at the end of its flight.
+    Refused(&'h Record),
+}
+
+impl Step<'_> {
+    /// Steps at one millisecond: in fence order, a grant before renewals before a release.
+    fn rank(&self) -> u8 {
+        match self {
+            Step::Grant(_) => 0,
+            Step::Renewed { .. } => 1,
+            Step::Refused(_) => 2,
+            Step::Released(_) => 3,
+        }
+    }
+}
+
+/// What the replay of a run came to.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Resources replayed, and steps in all (up to the first unexplained one of each).
+    pub resources: usize,
+    pub steps: usize,
+    /// Grants judged with a waiter certainly ahead in the queue (each one a grant the rules
+    /// would refuse to anyone but that waiter).
+    pub grants_behind_waiters: usize,
+    /// Releases replayed as PostgreSQL's hand-over to the first waiter.
+    pub handovers: usize,
+    /// Refused renewals and releases judged.
+    pub refusals: usize,
+    pub unexplained: Vec<Unexplained>,
+}
+
+impl Report {
+    /// The report's line about the replay.
+    pub fn line(&self) -> String {
+        format!(
+            "chaos: replay: {} steps on {} resources against the model's rules ({} grants with a waiter ahead, {} hand-overs on release, {} refusals judged), {} unexplained",
+            self.steps,
+            self.resources,
+            self.grants_behind_waiters,
+            self.handovers,
+            self.refusals,
+            self.unexplained.len()
+        )
+    }
+}
+
+/// Replays every resource's history; reports the first step of each that the rules cannot
+/// explain.
+pub fn replay(history: &History) -> Report {
+    let rules = if history.postgres {
+        Rules::POSTGRES
+    } else {
+        Rules::SQLITE
+    };
+    let acks = history.acknowledged();
+    let mut report = Report::default();
+    for (resource, past) in &history.lease_histories {
+        let replay = Replay {
+            history,
+            rules,
+            resource,
+            acks: acks.iter().filter(|a| a.resource == resource).collect(),
+            state: Store::default(),
+            pending: None,
+            report: &mut report,
+        };
+        replay.run(past);
+    }
+    report
+}
+
+struct Replay<'h> {
+    history: &'h History,
+    rules: Rules,
+    resource: &'h str,
+    acks: Vec<&'h Acknowledged<'h>>,
+    state: Store<&'h str, Who<'h>>,
+    /// A hand-over a release made (PostgreSQL): the fence, and the ticket that takes it.
+    pending: Option<(u64, Ticket)>,
+    report: &'h mut Report,
+}
+
+/// A store time of the replay (Unix milliseconds) as a time.
+fn time(ms: u64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(i64::try_from(ms).unwrap_or(i64::MAX)).unwrap_or_default()
+}
+
+/// A store time of the replay as the report shows it: the time of day, to the millisecond.
+fn clock(ms: u64) -> String {
+    if ms >= u64::MAX / 2 {
+        return "(unknown)".to_owned();
+    }
+    time(ms).format("%H:%M:%S%.3f").to_string()
+}
+
+fn ms(at: DateTime<Utc>) -> u64 {
+    u64::try_from(at.timestamp_millis()).unwrap_or(0)
+}
+
+fn fence_of(fence: i64) -> u64 {
+    u64::try_from(fence).unwrap_or(0)
+}
+
+impl<'h> Replay<'h> {
+    fn run(mut self, past: &'h [PastLease]) {
+        let steps = self.steps(past);
+        self.report.resources += 1;
+        for (i, (at, step)) in steps.iter().enumerate() {
+            self.report.steps += 1;
+            let next = steps.get(i + 1);
+            if let Err(what) = self.apply(*at, step, next) {
+                self.report.unexplained.push(Unexplained {
+                    resource: self.resource.to_owned(),
+                    step: i + 1,
+                    at: time(*at),
+                    what,
+                });
+                return;
+            }
+        }
+    }
+
+    /// The resource's steps from its oldest lease the store's history still holds, in order.
+    fn steps(&self, past: &'h [PastLease]) -> Vec<(u64, Step<'h>)> {
+        let Some(oldest) = past.iter().map(|p| p.fence).min() else {
+            return Vec::new();
+        };
+        let mut steps = Vec::new();
+        for p in past {
+            steps.push((ms(p.acquired_at), p.fence, Step::Grant(p)));
+            if let (true, Some(ended)) = (p.released, p.ended_at) {
+                steps.push((ms(ended), p.fence, Step::Released(p)));
+            }
+        }
+        let after_slack = chrono::TimeDelta::from_std(PLACEMENT_SLACK).unwrap_or_default();
+        for r in self.history.records.iter().filter(|r| r.resource == self.resource) {
+            match &r.op {
+                Op::Renew {
+                    owner,
+                    fence,
+                    ttl_seconds,
+                    answer: RenewAnswer::Renewed(lease),
+                } if *fence >= oldest => {
+                    let ttl_ms = u64::from(*ttl_seconds) * 1000;
+                    let expires = ms(lease.expires_at);
+                    let step = Step::Renewed {
+                        owner,
+                        fence: fence_of(*fence),
+                        ttl_ms,
+                        expires,
+                    };
+                    steps.push((expires.saturating_sub(ttl_ms), *fence, step));
+                }
+                Op::Renew {
+                    fence,
+                    answer: RenewAnswer::Refused { .. },
+                    ..
+                }
+                | Op::Release {
+                    fence,
+                    answer: ReleaseAnswer::Refused { .. },
+                    ..
+                } if *fence >= oldest => {
+                    if let Some(end) = self.history.store_time(r.received_us, after_slack) {
+                        steps.push((ms(end), *fence, Step::Refused(r)));
+                    }
+                }
+                _ => {}
+            }
+        }
+        steps.sort_by_key(|(at, fence, step)| (*at, *fence, step.rank()));
+        steps
+            .into_iter()
+            .map(|(at, _, step)| (at, step))
+            .collect()
+    }
+
+    fn ack(&self, fence: i64) -> Option<&'h Acknowledged<'h>> {
+        self.acks.iter().find(|a| a.lease.fence == fence).copied()
+    }
+
+    fn apply(
+        &mut self,
+        at: u64,
+        step: &Step<'h>,
+        next: Option<&(u64, Step<'h>)>,
+    ) -> Result<(), String> {
+        match step {
+            Step::Grant(p) => self.grant(at, p),
+            Step::Renewed {
+                owner,
+                fence,
+                ttl_ms,
+                expires,
+            } => self.renewed(at, owner, *fence, *ttl_ms, *expires),
+            Step::Released(p) => self.released(at, p, next),
+            Step::Refused(r) => self.refused(at, r),
+        }
+    }
+
+    /// The acquisition behind the lease `p`: its owner, TTL and lock delay as its request
+    /// carried them, or as the store's history shows a lease nobody received.
+    fn acquisition(&self, p: &PastLease) -> Acquire<Who<'h>> {
+        let start = ms(p.acquired_at);
+        match self.ack(p.fence) {
+            Some(a) => Acquire {
+                owner: Who::Named(a.owner),
+                ttl: ms(a.lease.expires_at).saturating_sub(start),
+                lock_delay: u64::from(a.lock_delay_ms),
+                ticket: None,
+            },
+            None => Acquire {
+                owner: Who::Unseen(fence_of(p.fence)),
+                ttl: match (p.released, p.ended_at) {
+                    (false, Some(expired)) => ms(expired).saturating_sub(start),
+                    _ => UNKNOWN_TTL_MS,
+                },
+                lock_delay: 0,
+                ticket: None,
+            },
+        }
+    }
+
+    /// Puts into the queue the waiters certainly in it, live and ahead of the acknowledged
+    /// acquisition `a` when its lease began, then `a` itself if it waited; returns its
+    /// ticket then.
+    fn queue_for(&mut self, a: &Acknowledged<'h>, wait_ms: u32) -> Option<Ticket> {
+        let slot = self.state.slots.entry(self.resource).or_default();
+        slot.queue.clear();
+        let granted = self.history.local(a.lease.acquired_at)?;
+        let mut ahead =
+            self.history
+                .waiters_ahead_of(self.resource, a.sent_us, a.lease.acquired_at, granted);
+        ahead.sort_by_key(|r| r.sent_us);
+        if !ahead.is_empty() {
+            self.report.grants_behind_waiters += 1;
+        }
+        for r in ahead {
+            if let Op::Acquire { owner, .. } = &r.op {
+                let req = Acquire {
+                    owner: Who::Named(owner),
+                    ttl: 0,
+                    lock_delay: 0,
+                    ticket: None,
+                };
+                // Certainly live when the lease began: its deadline is not in question.
+                let _ = self
+                    .state
+                    .enqueue(&self.resource, &req, u64::MAX, Number::Next);
+            }
+        }
+        if wait_ms == 0 {
+            return None;
+        }
+        let req = self.acquisition_of(a);
+        self.state
+            .enqueue(&self.resource, &req, u64::MAX, Number::Next)
+            .ok()
+    }
+
+    fn acquisition_of(&self, a: &Acknowledged<'h>) -> Acquire<Who<'h>> {
+        Acquire {
+            owner: Who::Named(a.owner),
+            ttl: ms(a.lease.expires_at).saturating_sub(ms(a.lease.acquired_at)),
+            lock_delay: u64::from(a.lock_delay_ms),
+            ticket: None,
+        }
+    }
+
+    fn clear_queue(&mut self) {
+        if let Some(slot) = self.state.slots.get_mut(&self.resource) {
+            slot.queue.clear();
+        }
+        self.state.slots.retain(|_, s| s.lease.is_some() || !s.queue.is_empty());
+    }
+
+    fn grant(&mut self, at: u64, p: &PastLease) -> Result<(), String> {
+        let fence = fence_of(p.fence);
+        let mut req = self.acquisition(p);
+        let ack = self.ack(p.fence);
+        let claimed = self.pending.take().filter(|(f, _)| *f == fence);
+        req.ticket = match (claimed, ack) {
+            (Some((_, ticket)), _) => Some(ticket),
+            (None, Some(a)) => self.queue_for(a, self.wait_ms(a)),
+            (None, None) => {
+                self.clear_queue();
+                None
+            }
+        };
+        let outcome = self.state.acquire(
+            &self.rules,
+            &self.resource,
+            &req,
+            at + TOLERANCE_MS,
+            Number::Given(fence),
+        );
+        self.clear_queue();
+        match outcome {
+            Ok(AcquireOutcome::Granted { fence: given, .. }) if given == fence => {
+                // The lease as stamped, not as judged.
+                if let Some(lease) = self
+                    .state
+                    .slots
+                    .get_mut(&self.resource)
+                    .and_then(|s| s.lease.as_mut())
+                {
+                    lease.acquired_at = at;
+                    lease.expires_at = at.saturating_add(req.ttl);
+                }
+                Ok(())
+            }
+            other => Err(format!(
+                "the store granted fence {fence} to {}{}; the rules answer {}",
+                req.owner,
+                if req.ticket.is_some() {
+                    " (waiting)"
+                } else {
+                    ""
+                },
+                self.describe(other)
+            )),
+        }
+    }
+
+    fn wait_ms(&self, a: &Acknowledged<'h>) -> u32 {
+        self.history
+            .records
+            .iter()
+            .find_map(|r| match &r.op {
+                Op::Acquire {
+                    owner,
+                    wait_ms,
+                    answer: super::history::AcquireAnswer::Acquired(l),
+                    ..
+                } if r.resource == self.resource && *owner == a.owner && l.fence == a.lease.fence => {
+                    Some(*wait_ms)
+                }
+                _ => None,
+            })
+            .unwrap_or(0)
+    }
+
+    fn renewed(
+        &mut self,
+        at: u64,
+        owner: &'h str,
+        fence: u64,
+        ttl_ms: u64,
+        expires: u64,
+    ) -> Result<(), String> {
+        let before = self.lease_view();
+        let outcome = self.state.renew(
+            &self.rules,
+            &self.resource,
+            &Who::Named(owner),
+            Some(fence),
+            ttl_ms,
+            at.saturating_sub(TOLERANCE_MS),
+        );
+        match outcome {
+            RenewOutcome::Renewed { fence: f, .. } if f == fence => {
+                if let Some(lease) = self
+                    .state
+                    .slots
+                    .get_mut(&self.resource)
+                    .and_then(|s| s.lease.as_mut())
+                {
+                    lease.expires_at = expires;
+                }
+                Ok(())
+            }
+            other => Err(format!(
+                "the store renewed fence {fence} of owner {owner}; the rules answer {other:?} ({before})"
+            )),
+        }
+    }
+
+    fn released(
+        &mut self,
+        at: u64,
+        p: &PastLease,
+        next: Option<&(u64, Step<'h>)>,
+    ) -> Result<(), String> {
+        let fence = fence_of(p.fence);
+        let before = self.lease_view();
+        let owner = match self.state.slot(&self.resource).and_then(|s| s.lease.as_ref()) {
+            Some(lease) if lease.fence == fence => lease.owner.clone(),
+            _ => self.acquisition(p).owner,
+        };
+        // A renewal whose answer was lost may have extended the lease past the expiry the
+        // replay knows of: it explains a release after that.
+        if let Who::Named(name) = owner
+            && self.renewal_lost(name, p.fence)
+            && let Some(lease) = self
+                .state
+                .slots
+                .get_mut(&self.resource)
+                .and_then(|s| s.lease.as_mut())
+                .filter(|l| l.fence == fence)
+        {
+            lease.expires_at = lease.expires_at.max(at + 1);
+        }
+        // PostgreSQL hands the lease to the head of the queue in the release's own step: the
+        // grant at the same millisecond to a waiter that received it.
+        let mut handover_to = None;
+        let mut handover_fence = Number::Next;
+        if self.rules.handover_on_release
+            && let Some((next_at, Step::Grant(q))) = next
+            && *next_at == at
+            && let Some(a) = self.ack(q.fence)
+            && self.wait_ms(a) > 0
+        {
+            handover_to = self.queue_for(a, self.wait_ms(a)).map(|t| (fence_of(q.fence), t));
+            handover_fence = Number::Given(fence_of(q.fence));
+        } else {
+            self.clear_queue();
+        }
+        let outcome = self.state.release(
+            &self.rules,
+            &self.resource,
+            &owner,
+            Some(fence),
+            at.saturating_sub(TOLERANCE_MS),
+            handover_fence,
+        );
+        match outcome {
+            Ok(ReleaseOutcome::Released {
+                fence: f,
+                handed_over,
+            }) if f == fence => {
+                match (handed_over, handover_to) {
+                    (None, _) => {}
+                    (Some(h), Some((next_fence, ticket)))
+                        if h.ticket == ticket && h.fence == next_fence =>
+                    {
+                        // The grant waits in the ticket for the waiter to take it.
+                        self.pending = Some((next_fence, ticket));
+                        self.report.handovers += 1;
+                        return Ok(());
+                    }
+                    (Some(h), _) => {
+                        return Err(format!(
+                            "the store released fence {fence}; the rules hand the lease to {} with fence {}, not to the waiter the store granted it to",
+                            h.owner, h.fence
+                        ));
+                    }
+                }
+                self.clear_queue();
+                Ok(())
+            }
+            other => {
+                self.clear_queue();
+                Err(format!(
+                    "the store released fence {fence} of {owner}; the rules answer {} ({before})",
+                    match other {
+                        Ok(o) => format!("{o:?}"),
+                        Err(e) => format!("{e:?}"),
+                    }
+                ))
+            }
+        }
+    }
+
+    fn renewal_lost(&self, owner: &str, fence: i64) -> bool {
+        self.history.records.iter().any(|r| {
+            r.resource == self.resource
+                && matches!(&r.op, Op::Renew { owner: o, fence: f, answer: RenewAnswer::Unknown { .. }, .. }
+                    if o == owner && *f == fence)
+        })
+    }
+
+    fn refused(&mut self, at: u64, r: &'h Record) -> Result<(), String> {
+        let before = self.lease_view();
+        self.report.refusals += 1;
+        match &r.op {
+            Op::Renew {
+                owner,
+                fence,
+                ttl_seconds,
+                answer,
+            } => {
+                // Judged on a copy: a renewal the rules allow is unexplained, and changes
+                // nothing of what the store did.
+                let mut state = self.state.clone();
+                let outcome = state.renew(
+                    &self.rules,
+                    &self.resource,
+                    &Who::Named(owner),
+                    Some(fence_of(*fence)),
+                    u64::from(*ttl_seconds) * 1000,
+                    at,
+                );
+                match outcome {
+                    RenewOutcome::Renewed { .. } => Err(format!(
+                        "a renewal of fence {fence} by owner {owner}, sent at {} ms, was answered {answer:?}; the rules renew it until the end of its flight ({before})",
+                        r.sent_us / 1000
+                    )),
+                    _ => Ok(()),
+                }
+            }
+            Op::Release {
+                owner,
+                fence,
+                answer,
+            } => {
+                let mut state = self.state.clone();
+                let outcome = state.release(
+                    &self.rules,
+                    &self.resource,
+                    &Who::Named(owner),
+                    Some(fence_of(*fence)),
+                    at,
+                    Number::Next,
+                );
+                match outcome {
+                    Ok(ReleaseOutcome::Released { .. }) => Err(format!(
+                        "a release of fence {fence} by owner {owner}, sent at {} ms, was answered {answer:?}; the rules release it until the end of its flight ({before})",
+                        r.sent_us / 1000
+                    )),
+                    _ => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The replayed lease of the resource, in words.
+    fn lease_view(&self) -> String {
+        match self.state.slot(&self.resource).and_then(|s| s.lease.as_ref()) {
+            Some(l) => format!(
+                "the replay's lease: fence {} of {}, from {} to {}, lock delay {} ms",
+                l.fence,
+                l.owner,
+                clock(l.acquired_at),
+                clock(l.expires_at),
+                l.lock_delay
+            ),
+            None => "the replay has no lease".to_owned(),
+        }
+    }
+
+    fn describe(&self, outcome: Result<AcquireOutcome, StepError>) -> String {
+        let queue = self
+            .state
+            .slot(&self.resource)
+            .map_or(0, |s| s.queue.len());
+        let lease = self.lease_view();
+        match outcome {
+            Ok(AcquireOutcome::Queued) => {
+                format!("queued: a live waiter was ahead ({lease})")
+            }
+            Ok(AcquireOutcome::Held { delayed_until }) => match delayed_until {
+                Some(until) => format!(
+                    "held: inside the lock delay, until {} ({lease})",
+                    clock(until)
+                ),
+                None => format!("held ({lease})"),
+            },
+            Ok(granted) => format!("{granted:?} ({lease}, {queue} queued)"),
+            Err(e) => format!("impossible: {e:?}"),
+        }
+    }
+}
