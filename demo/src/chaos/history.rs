@@ -279,8 +279,8 @@ impl History {
             for (r, ttl_seconds, answer) in self.renewals_of(a) {
                 match answer {
                     RenewAnswer::Renewed(renewed) => {
-                        let at = renewed.expires_at
-                            - chrono::TimeDelta::seconds(i64::from(ttl_seconds));
+                        let at =
+                            renewed.expires_at - chrono::TimeDelta::seconds(i64::from(ttl_seconds));
                         if at >= expires + STAMP_TOLERANCE {
                             found.push(Violation(format!(
                                 "{}: fence {} was renewed at {at} (store time, by a request sent at {}), after it had expired at {expires}",
@@ -913,14 +913,14 @@ fn ms(us: Micros) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn at(ms: i64) -> DateTime<Utc> {
+    pub(crate) fn at(ms: i64) -> DateTime<Utc> {
         DateTime::from_timestamp_millis(1_800_000_000_000 + ms).unwrap()
     }
 
-    fn lease(fence: i64, from_ms: i64, ttl_ms: i64) -> Lease {
+    pub(crate) fn lease(fence: i64, from_ms: i64, ttl_ms: i64) -> Lease {
         Lease {
             fence,
             acquired_at: at(from_ms),
@@ -928,7 +928,7 @@ mod tests {
         }
     }
 
-    fn record(resource: &str, sent_ms: u64, received_ms: u64, op: Op) -> Record {
+    pub(crate) fn record(resource: &str, sent_ms: u64, received_ms: u64, op: Op) -> Record {
         Record {
             worker: Some(0),
             instance: Some(0),
@@ -939,7 +939,7 @@ mod tests {
         }
     }
 
-    fn acquired(owner: &str, lease: Lease) -> Op {
+    pub(crate) fn acquired(owner: &str, lease: Lease) -> Op {
         waited(owner, AcquireAnswer::Acquired(lease))
     }
 
@@ -953,13 +953,236 @@ mod tests {
         }
     }
 
-    fn past(fence: i64, from_ms: i64, ended_ms: Option<i64>) -> PastLease {
+    pub(crate) fn past(fence: i64, from_ms: i64, ended_ms: Option<i64>) -> PastLease {
         PastLease {
             fence,
             acquired_at: at(from_ms),
             ended_at: ended_ms.map(at),
             released: true,
         }
+    }
+
+    /// An acquisition of `owner` with these `ttl_seconds`, `wait_ms` and `lock_delay_ms`.
+    pub(crate) fn asked(
+        owner: &str,
+        ttl_seconds: u32,
+        wait_ms: u32,
+        lock_delay_ms: u32,
+        answer: AcquireAnswer,
+    ) -> Op {
+        Op::Acquire {
+            owner: owner.to_owned(),
+            ttl_seconds,
+            wait_ms,
+            lock_delay_ms,
+            answer,
+        }
+    }
+
+    /// A renewal of `owner`'s lease `fence` with a TTL of 1 s.
+    pub(crate) fn renewal(owner: &str, fence: i64, answer: RenewAnswer) -> Op {
+        Op::Renew {
+            owner: owner.to_owned(),
+            fence,
+            ttl_seconds: 1,
+            answer,
+        }
+    }
+
+    /// A lease of the store's history that ended by expiry at `expired_ms`.
+    pub(crate) fn expired(fence: i64, from_ms: i64, expired_ms: i64) -> PastLease {
+        PastLease {
+            fence,
+            acquired_at: at(from_ms),
+            ended_at: Some(at(expired_ms)),
+            released: false,
+        }
+    }
+
+    /// A history with the store's history of `k` (newest first) beside the records.
+    pub(crate) fn with_leases(records: Vec<Record>, leases: Vec<PastLease>) -> History {
+        History {
+            records,
+            lease_histories: BTreeMap::from([("k".to_owned(), leases)]),
+            started_at: Some(at(0)),
+            read_histories_us: 20_000_000,
+            ..History::default()
+        }
+    }
+
+    /// A holds `k` (TTL 10 s) and releases it at 3 s; two waiters (TTL 10 s, `wait_ms`
+    /// 8000) queue behind it, the first sent at 0.1 s, the second at 2 s. The first gets the
+    /// lease at 3 s and releases it at 5 s, when the second gets it; `reversed`, the second
+    /// gets it first. The store's history agrees.
+    pub(crate) fn queue(reversed: bool) -> History {
+        let (w1, w2) = if reversed { (3, 2) } else { (2, 3) };
+        let start = |fence: i64| if fence == 2 { 3000 } else { 5000 };
+        let waiter = |owner: &str, fence: i64| {
+            asked(
+                owner,
+                10,
+                8000,
+                0,
+                AcquireAnswer::Acquired(lease(fence, start(fence), 10_000)),
+            )
+        };
+        let holder_of_2 = if reversed { "w2" } else { "w1" };
+        with_leases(
+            vec![
+                record(
+                    "k",
+                    0,
+                    10,
+                    asked("a", 10, 0, 0, AcquireAnswer::Acquired(lease(1, 0, 10_000))),
+                ),
+                record("k", 100, start(w1) as u64 + 10, waiter("w1", w1)),
+                record("k", 2000, start(w2) as u64 + 10, waiter("w2", w2)),
+                record("k", 2990, 3000, release("a", 1, ReleaseAnswer::Released)),
+                record(
+                    "k",
+                    4990,
+                    5000,
+                    release(holder_of_2, 2, ReleaseAnswer::Released),
+                ),
+            ],
+            vec![
+                PastLease {
+                    released: false,
+                    ..past(3, 5000, None)
+                },
+                past(2, 3000, Some(5000)),
+                past(1, 0, Some(3000)),
+            ],
+        )
+    }
+
+    /// A holds `k` for 1 s with a lock delay of 500 ms and lets it expire (its release at
+    /// 1.3 s is refused); B's lease begins at `b_ms`.
+    pub(crate) fn lock_delay(b_ms: i64) -> History {
+        let b_sent = u64::try_from(b_ms - 5).unwrap();
+        with_leases(
+            vec![
+                record(
+                    "k",
+                    0,
+                    10,
+                    asked("a", 1, 0, 500, AcquireAnswer::Acquired(lease(1, 0, 1000))),
+                ),
+                record(
+                    "k",
+                    1300,
+                    1310,
+                    release("a", 1, ReleaseAnswer::Refused { status: 404 }),
+                ),
+                record(
+                    "k",
+                    b_sent,
+                    b_sent + 10,
+                    acquired("b", lease(2, b_ms, 1000)),
+                ),
+            ],
+            vec![
+                PastLease {
+                    released: false,
+                    ..past(2, b_ms, None)
+                },
+                expired(1, 0, 1000),
+            ],
+        )
+    }
+
+    /// A holds `k` for 1 s, renews it at `renewed_ms` (store time; answered `200`) and
+    /// releases it 100 ms later.
+    pub(crate) fn renewed_at(renewed_ms: i64) -> History {
+        let sent = u64::try_from(renewed_ms - 5).unwrap();
+        let renewed = RenewAnswer::Renewed(lease(1, 0, renewed_ms + 1000));
+        with_leases(
+            vec![
+                record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                record("k", sent, sent + 10, renewal("a", 1, renewed)),
+                record(
+                    "k",
+                    sent + 100,
+                    sent + 110,
+                    release("a", 1, ReleaseAnswer::Released),
+                ),
+            ],
+            vec![past(1, 0, Some(renewed_ms + 100))],
+        )
+    }
+
+    #[test]
+    fn a_renewal_after_expiry_is_caught() {
+        assert_eq!(violations(&renewed_at(900)), Vec::<String>::new());
+        // Within the stamps' rounding of the expiry: not judged.
+        assert_eq!(violations(&renewed_at(1001)), Vec::<String>::new());
+        let found = violations(&renewed_at(1500));
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].contains("fence 1 was renewed at"), "{found:#?}");
+        assert!(found[0].contains("after it had expired"), "{found:#?}");
+        // A renewal before it whose answer was lost may have extended the lease.
+        let mut lost = renewed_at(1500);
+        let why = "cut".to_owned();
+        lost.records.insert(
+            1,
+            record(
+                "k",
+                800,
+                1200,
+                renewal("a", 1, RenewAnswer::Unknown { why }),
+            ),
+        );
+        assert_eq!(violations(&lost), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_lease_inside_the_lock_delay_of_an_expired_one_is_caught() {
+        assert_eq!(violations(&lock_delay(1600)), Vec::<String>::new());
+        let found = violations(&lock_delay(1200));
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0].contains("fence 2 starts at")
+                && found[0].contains("inside the lock delay of fence 1"),
+            "{found:#?}"
+        );
+        // Released, its lease starts no delay.
+        let mut released = lock_delay(1200);
+        released.records[1] = record("k", 900, 910, release("a", 1, ReleaseAnswer::Released));
+        assert_eq!(violations(&released), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_waiter_served_before_one_queued_ahead_is_caught() {
+        assert_eq!(violations(&queue(false)), Vec::<String>::new());
+        let found = violations(&queue(true));
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0].contains("fence 2 went at 3000.0 ms to a request sent at 2000.0 ms, while a waiter sent at 100.0 ms"),
+            "{found:#?}"
+        );
+        // A kill of the first waiter's instance (its ticket may have lapsed), or a cut of
+        // every instance's connections: no conclusion.
+        for instance in [Some(0), None] {
+            let mut killed = queue(true);
+            killed.faults.push(Fault {
+                from_us: 1_000_000,
+                until_us: 1_500_000,
+                instance,
+            });
+            assert_eq!(violations(&killed), Vec::<String>::new());
+        }
+        // A kill of another instance proves nothing either way: still caught.
+        let mut other = queue(true);
+        other.faults.push(Fault {
+            from_us: 1_000_000,
+            until_us: 1_500_000,
+            instance: Some(2),
+        });
+        assert_eq!(violations(&other).len(), 1);
+        // Sent within ENQUEUED_WITHIN of each other, either may have queued first.
+        let mut close = queue(true);
+        close.records[2].sent_us = 1_500_000;
+        assert_eq!(violations(&close), Vec::<String>::new());
     }
 
     /// The fair history with the store's history of `k`: fences 1 and 2 released, and
@@ -978,7 +1201,7 @@ mod tests {
         history
     }
 
-    fn release(owner: &str, fence: i64, answer: ReleaseAnswer) -> Op {
+    pub(crate) fn release(owner: &str, fence: i64, answer: ReleaseAnswer) -> Op {
         Op::Release {
             owner: owner.to_owned(),
             fence,

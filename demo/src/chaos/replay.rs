@@ -44,8 +44,7 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 use fencelock_model::rules::{
-    Acquire, AcquireOutcome, Number, ReleaseOutcome, RenewOutcome, Rules, StepError, Store,
-    Ticket,
+    Acquire, AcquireOutcome, Number, ReleaseOutcome, RenewOutcome, Rules, StepError, Store, Ticket,
 };
 
 use super::history::{
@@ -249,7 +248,12 @@ impl<'h> Replay<'h> {
             }
         }
         let after_slack = chrono::TimeDelta::from_std(PLACEMENT_SLACK).unwrap_or_default();
-        for r in self.history.records.iter().filter(|r| r.resource == self.resource) {
+        for r in self
+            .history
+            .records
+            .iter()
+            .filter(|r| r.resource == self.resource)
+        {
             match &r.op {
                 Op::Renew {
                     owner,
@@ -285,10 +289,7 @@ impl<'h> Replay<'h> {
             }
         }
         steps.sort_by_key(|(at, fence, step)| (*at, *fence, step.rank()));
-        steps
-            .into_iter()
-            .map(|(at, _, step)| (at, step))
-            .collect()
+        steps.into_iter().map(|(at, _, step)| (at, step)).collect()
     }
 
     fn ack(&self, fence: i64) -> Option<&'h Acknowledged<'h>> {
@@ -387,7 +388,9 @@ impl<'h> Replay<'h> {
         if let Some(slot) = self.state.slots.get_mut(&self.resource) {
             slot.queue.clear();
         }
-        self.state.slots.retain(|_, s| s.lease.is_some() || !s.queue.is_empty());
+        self.state
+            .slots
+            .retain(|_, s| s.lease.is_some() || !s.queue.is_empty());
     }
 
     fn grant(&mut self, at: u64, p: &PastLease) -> Result<(), String> {
@@ -448,7 +451,10 @@ impl<'h> Replay<'h> {
                     wait_ms,
                     answer: super::history::AcquireAnswer::Acquired(l),
                     ..
-                } if r.resource == self.resource && *owner == a.owner && l.fence == a.lease.fence => {
+                } if r.resource == self.resource
+                    && *owner == a.owner
+                    && l.fence == a.lease.fence =>
+                {
                     Some(*wait_ms)
                 }
                 _ => None,
@@ -499,7 +505,11 @@ impl<'h> Replay<'h> {
     ) -> Result<(), String> {
         let fence = fence_of(p.fence);
         let before = self.lease_view();
-        let owner = match self.state.slot(&self.resource).and_then(|s| s.lease.as_ref()) {
+        let owner = match self
+            .state
+            .slot(&self.resource)
+            .and_then(|s| s.lease.as_ref())
+        {
             Some(lease) if lease.fence == fence => lease.owner.clone(),
             _ => self.acquisition(p).owner,
         };
@@ -526,7 +536,9 @@ impl<'h> Replay<'h> {
             && let Some(a) = self.ack(q.fence)
             && self.wait_ms(a) > 0
         {
-            handover_to = self.queue_for(a, self.wait_ms(a)).map(|t| (fence_of(q.fence), t));
+            handover_to = self
+                .queue_for(a, self.wait_ms(a))
+                .map(|t| (fence_of(q.fence), t));
             handover_fence = Number::Given(fence_of(q.fence));
         } else {
             self.clear_queue();
@@ -642,7 +654,11 @@ impl<'h> Replay<'h> {
 
     /// The replayed lease of the resource, in words.
     fn lease_view(&self) -> String {
-        match self.state.slot(&self.resource).and_then(|s| s.lease.as_ref()) {
+        match self
+            .state
+            .slot(&self.resource)
+            .and_then(|s| s.lease.as_ref())
+        {
             Some(l) => format!(
                 "the replay's lease: fence {} of {}, from {} to {}, lock delay {} ms",
                 l.fence,
@@ -656,10 +672,7 @@ impl<'h> Replay<'h> {
     }
 
     fn describe(&self, outcome: Result<AcquireOutcome, StepError>) -> String {
-        let queue = self
-            .state
-            .slot(&self.resource)
-            .map_or(0, |s| s.queue.len());
+        let queue = self.state.slot(&self.resource).map_or(0, |s| s.queue.len());
         let lease = self.lease_view();
         match outcome {
             Ok(AcquireOutcome::Queued) => {
@@ -675,5 +688,177 @@ impl<'h> Replay<'h> {
             Ok(granted) => format!("{granted:?} ({lease}, {queue} queued)"),
             Err(e) => format!("impossible: {e:?}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::history::tests::{
+        acquired, expired, lease, lock_delay, past, queue, record, release, renewal, renewed_at,
+        with_leases,
+    };
+    use super::super::history::{Fault, PastLease, ReleaseAnswer, RenewAnswer};
+    use super::*;
+
+    fn unexplained(history: &History) -> Vec<String> {
+        replay(history)
+            .unexplained
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    /// Asserts that the replay explains all but one step, and that one says `text`.
+    fn assert_unexplained(history: &History, text: &str) {
+        let found = unexplained(history);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].contains(text), "{found:#?}");
+    }
+
+    #[test]
+    fn waiters_served_in_arrival_order_are_explained_on_both_stores() {
+        let sqlite = replay(&queue(false));
+        assert_eq!(sqlite.unexplained, Vec::new());
+        assert_eq!(
+            (sqlite.resources, sqlite.steps, sqlite.handovers),
+            (1, 5, 0)
+        );
+        let mut postgres = queue(false);
+        postgres.postgres = true;
+        let postgres = replay(&postgres);
+        assert_eq!(postgres.unexplained, Vec::new());
+        assert_eq!(postgres.handovers, 2);
+    }
+
+    #[test]
+    fn a_queue_served_in_reverse_is_unexplained_on_both_stores() {
+        let history = queue(true);
+        let report = replay(&history);
+        assert_eq!(report.grants_behind_waiters, 1);
+        assert_unexplained(
+            &history,
+            "k: step 3 at 2027-01-15 08:00:03 UTC (store time): the store granted fence 2 to owner w2 (waiting); the rules answer queued: a live waiter was ahead",
+        );
+        // PostgreSQL's release hands the lease over in its own step: to the first waiter.
+        let mut postgres = queue(true);
+        postgres.postgres = true;
+        assert_unexplained(
+            &postgres,
+            "the store released fence 1; the rules hand the lease to owner w1 with fence 2",
+        );
+        // Unless the first waiter's instance was killed meanwhile (its ticket may lapse).
+        let mut killed = queue(true);
+        killed.faults.push(Fault {
+            from_us: 1_000_000,
+            until_us: 1_500_000,
+            instance: Some(0),
+        });
+        assert_eq!(unexplained(&killed), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_grant_inside_a_lock_delay_is_unexplained() {
+        assert_eq!(unexplained(&lock_delay(1600)), Vec::<String>::new());
+        assert_unexplained(
+            &lock_delay(1200),
+            "the store granted fence 2 to owner b; the rules answer held: inside the lock delay, until 08:00:01.500",
+        );
+    }
+
+    #[test]
+    fn a_renewal_after_expiry_is_unexplained_and_one_at_the_boundary_is_not() {
+        assert_eq!(unexplained(&renewed_at(900)), Vec::<String>::new());
+        assert_eq!(unexplained(&renewed_at(1001)), Vec::<String>::new());
+        assert_unexplained(
+            &renewed_at(1500),
+            "the store renewed fence 1 of owner a; the rules answer Expired",
+        );
+    }
+
+    #[test]
+    fn a_refusal_while_the_lease_was_live_throughout_is_unexplained() {
+        let refused = |sent_ms: u64| {
+            let answer = RenewAnswer::Refused {
+                status: 409,
+                problem: "lease-expired".to_owned(),
+            };
+            with_leases(
+                vec![
+                    record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                    record("k", sent_ms, sent_ms + 10, renewal("a", 1, answer)),
+                ],
+                vec![PastLease {
+                    released: false,
+                    ..expired(1, 0, 1000)
+                }],
+            )
+        };
+        // Its flight (with the placement slack) reaches past the expiry: explained.
+        assert_eq!(unexplained(&refused(900)), Vec::<String>::new());
+        assert_unexplained(
+            &refused(100),
+            "a renewal of fence 1 by owner a, sent at 100 ms, was answered Refused",
+        );
+    }
+
+    #[test]
+    fn a_release_after_expiry_is_unexplained_unless_a_lost_renewal_explains_it() {
+        let history = || {
+            with_leases(
+                vec![
+                    record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                    record("k", 1490, 1500, release("a", 1, ReleaseAnswer::Released)),
+                ],
+                vec![past(1, 0, Some(1495))],
+            )
+        };
+        assert_unexplained(
+            &history(),
+            "the store released fence 1 of owner a; the rules answer NotFound",
+        );
+        let mut lost = history();
+        let why = "cut".to_owned();
+        lost.records.insert(
+            1,
+            record(
+                "k",
+                800,
+                1200,
+                renewal("a", 1, RenewAnswer::Unknown { why }),
+            ),
+        );
+        assert_eq!(unexplained(&lost), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_lease_nobody_received_is_replayed_with_an_owner_of_its_own() {
+        // Fence 2 went to a requester whose answer was lost; it expired at 2 s; then B.
+        let history = |b_ms: i64| {
+            with_leases(
+                vec![
+                    record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                    record("k", 990, 1000, release("a", 1, ReleaseAnswer::Released)),
+                    record(
+                        "k",
+                        u64::try_from(b_ms).unwrap(),
+                        u64::try_from(b_ms).unwrap() + 10,
+                        acquired("b", lease(3, b_ms, 1000)),
+                    ),
+                ],
+                vec![
+                    PastLease {
+                        released: false,
+                        ..past(3, b_ms, None)
+                    },
+                    expired(2, 1000, 2000),
+                    past(1, 0, Some(995)),
+                ],
+            )
+        };
+        assert_eq!(unexplained(&history(2000)), Vec::<String>::new());
+        assert_unexplained(
+            &history(1500),
+            "the store granted fence 3 to owner b; the rules answer held (the replay's lease: fence 2 of the unseen requester of fence 2",
+        );
     }
 }
