@@ -1010,13 +1010,13 @@ pub(crate) mod tests {
         }
     }
 
-    /// A holds `k` (TTL 10 s) and releases it at 3 s; two waiters (TTL 10 s, `wait_ms`
+    /// A holds `k` (TTL 10 s) and releases it at 4 s; two waiters (TTL 10 s, `wait_ms`
     /// 8000) queue behind it, the first sent at 0.1 s, the second at 2 s. The first gets the
-    /// lease at 3 s and releases it at 5 s, when the second gets it; `reversed`, the second
+    /// lease at 4 s and releases it at 6 s, when the second gets it; `reversed`, the second
     /// gets it first. The store's history agrees.
     pub(crate) fn queue(reversed: bool) -> History {
         let (w1, w2) = if reversed { (3, 2) } else { (2, 3) };
-        let start = |fence: i64| if fence == 2 { 3000 } else { 5000 };
+        let start = |fence: i64| if fence == 2 { 4000 } else { 6000 };
         let waiter = |owner: &str, fence: i64| {
             asked(
                 owner,
@@ -1037,7 +1037,7 @@ pub(crate) mod tests {
                 ),
                 record("k", 100, start(w1) as u64 + 10, waiter("w1", w1)),
                 record("k", 2000, start(w2) as u64 + 10, waiter("w2", w2)),
-                record("k", 2990, 3000, release("a", 1, ReleaseAnswer::Released)),
+                record("k", 3990, 4000, release("a", 1, ReleaseAnswer::Released)),
                 record(
                     "k",
                     4990,
@@ -1048,10 +1048,10 @@ pub(crate) mod tests {
             vec![
                 PastLease {
                     released: false,
-                    ..past(3, 5000, None)
+                    ..past(3, 6000, None)
                 },
-                past(2, 3000, Some(5000)),
-                past(1, 0, Some(3000)),
+                past(2, 4000, Some(6000)),
+                past(1, 0, Some(4000)),
             ],
         )
     }
@@ -1157,7 +1157,7 @@ pub(crate) mod tests {
         let found = violations(&queue(true));
         assert_eq!(found.len(), 1, "{found:#?}");
         assert!(
-            found[0].contains("fence 2 went at 3000.0 ms to a request sent at 2000.0 ms, while a waiter sent at 100.0 ms"),
+            found[0].contains("fence 2 went at 4000.0 ms to a request sent at 2000.0 ms, while a waiter sent at 100.0 ms"),
             "{found:#?}"
         );
         // A kill of the first waiter's instance (its ticket may have lapsed), or a cut of

@@ -134,9 +134,9 @@ pub struct Report {
     /// Resources replayed, and steps in all (up to the first unexplained one of each).
     pub resources: usize,
     pub steps: usize,
-    /// Grants judged with a waiter certainly ahead in the queue (each one a grant the rules
-    /// would refuse to anyone but that waiter).
-    pub grants_behind_waiters: usize,
+    /// Grants to a request that received them while other waiters were certainly queued
+    /// and live: where the queue's order was put to the test.
+    pub grants_while_queued: usize,
     /// Releases replayed as PostgreSQL's hand-over to the first waiter.
     pub handovers: usize,
     /// Refused renewals and releases judged.
@@ -148,10 +148,10 @@ impl Report {
     /// The report's line about the replay.
     pub fn line(&self) -> String {
         format!(
-            "chaos: replay: {} steps on {} resources against the model's rules ({} grants with a waiter ahead, {} hand-overs on release, {} refusals judged), {} unexplained",
+            "chaos: replay: {} steps on {} resources against the model's rules ({} grants while others waited, {} hand-overs on release, {} refusals judged), {} unexplained",
             self.steps,
             self.resources,
-            self.grants_behind_waiters,
+            self.grants_while_queued,
             self.handovers,
             self.refusals,
             self.unexplained.len()
@@ -349,8 +349,12 @@ impl<'h> Replay<'h> {
             self.history
                 .waiters_ahead_of(self.resource, a.sent_us, a.lease.acquired_at, granted);
         ahead.sort_by_key(|r| r.sent_us);
-        if !ahead.is_empty() {
-            self.report.grants_behind_waiters += 1;
+        // Waiters certainly queued before the grant, whoever was ahead.
+        let waiting =
+            self.history
+                .waiters_ahead_of(self.resource, granted, a.lease.acquired_at, granted);
+        if !waiting.is_empty() {
+            self.report.grants_while_queued += 1;
         }
         for r in ahead {
             if let Op::Acquire { owner, .. } = &r.op {
@@ -723,6 +727,8 @@ mod tests {
             (sqlite.resources, sqlite.steps, sqlite.handovers),
             (1, 5, 0)
         );
+        // W1 got the lease at 4 s while W2 waited behind it.
+        assert_eq!(sqlite.grants_while_queued, 1);
         let mut postgres = queue(false);
         postgres.postgres = true;
         let postgres = replay(&postgres);
@@ -734,10 +740,10 @@ mod tests {
     fn a_queue_served_in_reverse_is_unexplained_on_both_stores() {
         let history = queue(true);
         let report = replay(&history);
-        assert_eq!(report.grants_behind_waiters, 1);
+        assert_eq!(report.grants_while_queued, 1);
         assert_unexplained(
             &history,
-            "k: step 3 at 2027-01-15 08:00:03 UTC (store time): the store granted fence 2 to owner w2 (waiting); the rules answer queued: a live waiter was ahead",
+            "k: step 3 at 2027-01-15 08:00:04 UTC (store time): the store granted fence 2 to owner w2 (waiting); the rules answer queued: a live waiter was ahead",
         );
         // PostgreSQL's release hands the lease over in its own step: to the first waiter.
         let mut postgres = queue(true);
