@@ -1040,8 +1040,8 @@ pub(crate) mod tests {
                 record("k", 3990, 4000, release("a", 1, ReleaseAnswer::Released)),
                 record(
                     "k",
-                    4990,
-                    5000,
+                    5990,
+                    6000,
                     release(holder_of_2, 2, ReleaseAnswer::Released),
                 ),
             ],
