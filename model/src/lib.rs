@@ -1,46 +1,58 @@
-//! fencelock's protocol as a model, checked exhaustively with
-//! [stateright](https://docs.rs/stateright): every interleaving of a lease server, a guarded
-//! store and 2-3 workers, within bounds, against fencelock's safety properties.
+//! fencelock's protocol as two models, checked exhaustively with
+//! [stateright](https://docs.rs/stateright) within bounds against fencelock's safety
+//! properties.
 //!
-//! The model is abstract on purpose: one resource (and the one store key it protects), a
-//! store clock that moves in ticks, workers that write once per lease. What it keeps is
-//! what the safety argument rests on: who decides expiry (the store's clock), where fences
-//! come from (one durable store-wide counter), and how the guard compares (check and apply
-//! in one step), under a network that delays, reorders, duplicates and loses every message
-//! and a lease server that crashes and restarts.
+//! The actor model: every interleaving of a lease server, a guarded store and 2-3 workers.
+//! Abstract on purpose: one resource (and the one store key it protects), a store clock that
+//! moves in ticks, workers that write once per lease. What it keeps is what the safety
+//! argument rests on: who decides expiry (the store's clock), where fences come from (one
+//! durable store-wide counter), and how the guard compares (check and apply in one step),
+//! under a network that delays, reorders, duplicates and loses every message and a lease
+//! server that crashes and restarts.
+//!
+//! The queue model: up to three clients on two resources of one store, acquiring (waiting or
+//! not), renewing, releasing and leaving the queue at any moment of the store's clock, every
+//! step one of the store's atomic steps (`rules.rs`): FIFO hand-over, departed waiters,
+//! renewal after expiry and the lock delay, which the actor model leaves out.
 //!
 //! # Layout
-//! - `config.rs`: the store clock's tick (`Time`), the bounds, and the switches for the broken variants the checker must
-//!   catch (no guard, per-row fences, a guard that checks and applies in two steps, ...).
+//! - `config.rs`: the actor model's clock tick (`Time`), bounds, and the switches for the
+//!   broken variants the checker must catch (no guard, per-row fences, a guard that checks
+//!   and applies in two steps, ...).
 //! - `actors.rs`: the lease server, the store and the workers.
-//! - `properties.rs`: the properties (a)-(d), and the lease history they are judged on.
+//! - `properties.rs`: the actor model's properties (a)-(d), and the lease history they are
+//!   judged on.
 //! - `rules.rs`: the store's atomic steps over many resources (acquire, wait in a queue, renew,
-//!   release with hand-over, leave, lock delay), pure and generic: shared with the replay of
-//!   real histories.
-//! - `trace.rs`: a counterexample as readable steps.
+//!   release with hand-over, leave, lock delay), pure and generic, with switchable broken
+//!   rules: shared with the replay of real histories.
+//! - `queue.rs`: the queue model, its bounds, and its properties (b), (c), (e)-(h), judged on
+//!   every step.
+//! - `trace.rs`: an actor model counterexample as readable steps (`queue.rs` renders its own).
 
 pub mod actors;
 pub mod config;
 pub mod properties;
+pub mod queue;
 pub mod rules;
 pub mod trace;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::Hash;
 use std::time::{Duration, Instant};
 
 use stateright::actor::{ActorModel, ActorModelAction, ActorModelState, LossyNetwork, Network};
-use stateright::{Checker, Expectation, HasDiscoveries, Model as _, Path};
+use stateright::{Checker, Expectation, HasDiscoveries, Path};
 
 pub use actors::{FIRST_WORKER, SERVER, STORE};
 use actors::{Msg, Node, Timer};
 pub use config::{Config, Fences, Guard};
 use properties::History;
+pub use queue::{QueueAction, QueueConfig, QueueModel, QueueState};
 
 /// The model type: the actors, the configuration, the lease history.
 pub type Model = ActorModel<Node, Config, History>;
 pub type SystemState = ActorModelState<Node, History>;
 pub type Action = ActorModelAction<Msg, Timer, ()>;
-pub type Trace = Path<SystemState, Action>;
 
 /// The actor model of one configuration.
 pub fn model(cfg: Config) -> Model {
@@ -110,9 +122,27 @@ pub fn model(cfg: Config) -> Model {
         )
 }
 
+/// A model whose paths can be told as readable steps.
+pub trait Explain: stateright::Model {
+    /// The steps of a path, one action and the state after it per step.
+    fn render(&self, steps: &[(Self::State, Option<Self::Action>)]) -> String;
+}
+
+impl Explain for Model {
+    fn render(&self, steps: &[(SystemState, Option<Action>)]) -> String {
+        trace::render(self, steps)
+    }
+}
+
+impl Explain for QueueModel {
+    fn render(&self, steps: &[(QueueState, Option<QueueAction>)]) -> String {
+        queue::render(steps)
+    }
+}
+
 /// What one check found.
-pub struct Outcome {
-    pub model: Model,
+pub struct Outcome<M: stateright::Model = Model> {
+    pub model: M,
     /// States generated, repeats included.
     pub states: usize,
     pub unique_states: usize,
@@ -123,12 +153,16 @@ pub struct Outcome {
     /// Whether the check stopped at a counterexample before exploring everything.
     pub stopped_early: bool,
     /// Counterexamples of `always` properties, by property name.
-    pub violated: BTreeMap<&'static str, Trace>,
+    pub violated: BTreeMap<&'static str, Path<M::State, M::Action>>,
     /// Examples of `sometimes` properties, by property name.
-    pub reached: BTreeMap<&'static str, Trace>,
+    pub reached: BTreeMap<&'static str, Path<M::State, M::Action>>,
 }
 
-impl Outcome {
+impl<M: Explain> Outcome<M>
+where
+    M::State: Clone,
+    M::Action: Clone,
+{
     /// The `sometimes` properties without an example.
     pub fn unreached(&self) -> Vec<&'static str> {
         self.model
@@ -158,12 +192,25 @@ impl Outcome {
         )
     }
 
-    /// Every counterexample, as readable steps.
+    /// Every counterexample, as readable steps up to the first state where its property
+    /// fails (the checker may have recorded a longer path that goes on after it).
     pub fn counterexamples(&self) -> String {
         let mut out = String::new();
         for (name, path) in &self.violated {
+            let mut steps = path.clone().into_vec();
+            if let Some(property) = self
+                .model
+                .properties()
+                .into_iter()
+                .find(|p| p.name == *name)
+                && let Some(first) = steps
+                    .iter()
+                    .position(|(state, _)| !(property.condition)(&self.model, state))
+            {
+                steps.truncate(first + 1);
+            }
             out.push_str(&format!("counterexample to \"{name}\":\n"));
-            out.push_str(&trace::render(&self.model, path, name));
+            out.push_str(&self.model.render(&steps));
             out.push('\n');
         }
         out
@@ -181,16 +228,33 @@ pub enum Finish {
     CounterexampleTo(&'static str),
 }
 
-/// Explores every state reachable within `depth` steps, breadth first.
+/// Explores every state of the actor model reachable within `depth` steps, breadth first.
 pub fn check(cfg: Config, depth: usize, threads: usize, finish: Finish) -> Outcome {
+    explore(model(cfg), depth, threads, finish)
+}
+
+/// Explores every state of the queue model reachable within `depth` steps, breadth first.
+pub fn check_queue(
+    cfg: QueueConfig,
+    depth: usize,
+    threads: usize,
+    finish: Finish,
+) -> Outcome<QueueModel> {
+    explore(QueueModel { cfg }, depth, threads, finish)
+}
+
+/// Explores every state of `model` reachable within `depth` steps, breadth first.
+pub fn explore<M>(model: M, depth: usize, threads: usize, finish: Finish) -> Outcome<M>
+where
+    M: Explain + Clone + Send + Sync + 'static,
+    M::State: Hash + Send + Sync + Clone + PartialEq + 'static,
+    M::Action: Clone + PartialEq,
+{
     let started = Instant::now();
     // stateright counts the initial state as depth 1 and does not check the states at its
     // target depth: checking every path of `depth` steps takes a target of `depth + 2`.
     let target = depth + 2;
-    let builder = model(cfg)
-        .checker()
-        .threads(threads)
-        .target_max_depth(target);
+    let builder = model.checker().threads(threads).target_max_depth(target);
     let builder = match finish {
         Finish::Exhausted => builder,
         Finish::FirstCounterexample => builder.finish_when(HasDiscoveries::AnyFailures),

@@ -166,7 +166,7 @@ pub enum StepError {
 
 /// The current lease of a resource: live until `expires_at`, then expired until another
 /// acquisition or the purge ends it (a release ends it at once).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Lease<O> {
     pub owner: O,
     pub fence: Fence,
@@ -188,7 +188,7 @@ impl<O> Lease<O> {
 }
 
 /// A grant a release wrote into a waiter's ticket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Grant {
     pub fence: Fence,
     /// The lease's expiry once the waiter takes it (the release's stamp + the waiter's TTL).
@@ -197,7 +197,7 @@ pub struct Grant {
 }
 
 /// A waiting acquisition's ticket, with the acquisition it leaves for a release to grant.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Waiter<O> {
     pub ticket: Ticket,
     pub owner: O,
@@ -220,7 +220,7 @@ impl<O> Waiter<O> {
 }
 
 /// One resource: its current lease and its queue, in ticket order.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Slot<O> {
     pub lease: Option<Lease<O>>,
     pub queue: Vec<Waiter<O>>,
@@ -257,7 +257,7 @@ impl<O> Slot<O> {
 }
 
 /// The whole store: one fence counter and one ticket counter for every resource.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Store<R: Ord, O> {
     /// The last fence issued (0: none yet).
     pub last_fence: Fence,

@@ -6,25 +6,25 @@ use stateright::actor::{ActorModelAction, Id};
 
 use crate::actors::{Phase, SERVER, STORE, State, Timer, worker_of};
 use crate::properties::store;
-use stateright::Model as _;
 
 use crate::config::Fences;
-use crate::{Model, SystemState, Trace};
+use crate::{Model, SystemState};
 
-/// The steps of a path up to the first state where `property` fails (the checker may have
-/// recorded a longer path that goes on after it), one action and the state after it per step.
-pub fn render(model: &Model, path: &Trace, property: &str) -> String {
-    let mut steps = path.clone().into_vec();
-    if let Some(property) = model.properties().into_iter().find(|p| p.name == property)
-        && let Some(first) = steps
-            .iter()
-            .position(|(state, _)| !(property.condition)(model, state))
-    {
-        steps.truncate(first + 1);
-    }
+/// The steps of an actor model path, one action and the state after it per step.
+pub fn render(model: &Model, steps: &[(SystemState, Option<crate::Action>)]) -> String {
+    numbered(steps, describe, |state| summary(model, state))
+}
+
+/// A path as numbered steps, for either model: each action as `describe` tells it, then the
+/// state it left as `summary` does.
+pub fn numbered<S, A>(
+    steps: &[(S, Option<A>)],
+    describe: impl Fn(&A) -> String,
+    summary: impl Fn(&S) -> String,
+) -> String {
     let mut out = String::new();
     if let Some((first, _)) = steps.first() {
-        let _ = writeln!(out, "   0. start\n        {}", summary(model, first));
+        let _ = writeln!(out, "   0. start\n        {}", summary(first));
     }
     for (number, pair) in steps.windows(2).enumerate() {
         let (Some(action), next) = (&pair[0].1, &pair[1].0) else {
@@ -35,7 +35,7 @@ pub fn render(model: &Model, path: &Trace, property: &str) -> String {
             "{:>4}. {}\n        {}",
             number + 1,
             describe(action),
-            summary(model, next)
+            summary(next)
         );
     }
     out
