@@ -778,17 +778,18 @@ impl Acknowledged<'_> {
 /// waiter may still show its provisional expiry (the store gives it the waiter's TTL when
 /// the waiter takes it, before answering): the same start, an earlier end.
 ///
-/// Once its owner has sent a renewal, the lease may show any later expiry.
+/// Once its owner has sent a renewal (before the inspection was answered), the lease may
+/// show a later expiry too.
 fn agrees(acked: &Acknowledged<'_>, r: &Record, shown: &Lease, renewing: bool) -> bool {
     let same_lease =
         shown.fence == acked.lease.fence && shown.acquired_at == acked.lease.acquired_at;
-    if r.sent_us < acked.received_us {
-        same_lease && shown.expires_at <= acked.lease.expires_at
-    } else if renewing {
-        same_lease && shown.expires_at >= acked.lease.expires_at
-    } else {
-        *shown == acked.lease
-    }
+    let in_flight = r.sent_us < acked.received_us;
+    let expiry_fits = match shown.expires_at.cmp(&acked.lease.expires_at) {
+        std::cmp::Ordering::Less => in_flight,
+        std::cmp::Ordering::Equal => true,
+        std::cmp::Ordering::Greater => renewing,
+    };
+    same_lease && expiry_fits
 }
 
 fn check_unique_fences(acks: &[Acknowledged<'_>], found: &mut Vec<Violation>) {
@@ -1448,6 +1449,34 @@ pub(crate) mod tests {
         assert_eq!(shown_at(1105, 500), Vec::<String>::new());
         assert_found(&shown_at(1105, 1500), "fence 2 was acknowledged as");
         assert_found(&shown_at(1130, 500), "fence 2 was acknowledged as");
+    }
+
+    #[test]
+    fn a_renewed_expiry_is_fair_once_its_owner_has_sent_the_renewal() {
+        // B's lease (fence 2, from 1100 ms, TTL 1 s) inspected at 1130-1140 ms with an
+        // expiry 5 ms later than acknowledged.
+        let shown_with = |renewal_sent_ms: Option<u64>, inspect_sent_ms: u64| {
+            let mut history = fair();
+            history.records[5] = record(
+                "k",
+                inspect_sent_ms,
+                1140,
+                inspected(InspectAnswer::Live(lease(2, 1100, 1005))),
+            );
+            if let Some(sent) = renewal_sent_ms {
+                let renewed = RenewAnswer::Renewed(lease(2, 1100, 1005));
+                history
+                    .records
+                    .push(record("k", sent, sent + 2, renewal("b", 2, renewed)));
+            }
+            violations(&history)
+        };
+        assert_found(&shown_with(None, 1130), "fence 2 was acknowledged as");
+        assert_found(&shown_with(Some(1141), 1130), "fence 2 was acknowledged as");
+        assert_eq!(shown_with(Some(1104), 1130), Vec::<String>::new());
+        // Also by an inspection sent while the acquisition was in flight.
+        assert_eq!(shown_with(Some(1112), 1105), Vec::<String>::new());
+        assert_found(&shown_with(None, 1105), "fence 2 was acknowledged as");
     }
 
     #[test]
