@@ -76,9 +76,10 @@ const WAITING_TTL_SECONDS: u32 = 10;
 /// Chance that a waiting client leaves before its wait ends (its request times out).
 const DEPART_CHANCE: f64 = 0.3;
 /// Chance that a lease is renewed before its writes; after a pause past its TTL, the chance
-/// is [`PAUSED_RENEW_CHANCE`] (and the renewal must be refused: the lease has expired).
+/// is [`PAUSED_RENEW_CHANCE`] (and the renewal must be refused: the lease has expired). The
+/// first pause of a run is always followed by one.
 const RENEW_CHANCE: f64 = 0.25;
-const PAUSED_RENEW_CHANCE: f64 = 0.6;
+const PAUSED_RENEW_CHANCE: f64 = 0.75;
 /// Chance that a non-waiting acquisition asks for a lock delay; one that will pause past its
 /// TTL (and so let its lease expire, which is when the delay counts) asks more often.
 const LOCK_DELAY_CHANCE: f64 = 0.15;
@@ -589,7 +590,7 @@ impl Worker {
             } else {
                 RENEW_CHANCE
             };
-            if self.rng.random_bool(renew_chance) {
+            if pauses_now || self.rng.random_bool(renew_chance) {
                 let server = self.pick_server();
                 let ttl_seconds = how.ttl_seconds();
                 self.renew(server, &resource, &owner, lease.fence, ttl_seconds)
