@@ -234,6 +234,11 @@ const STAMP_TOLERANCE: chrono::TimeDelta = chrono::TimeDelta::milliseconds(2);
 /// waiter behind one sent after it.
 pub const ENQUEUED_WITHIN: Duration = Duration::from_millis(1500);
 
+/// How long a waiter's ticket counts without a heartbeat (the server's `TICKET_LIFE`, 2 s), in
+/// microseconds, with 500 ms for the heartbeat's own round trip: the tickets of an instance
+/// killed hold its queue that long after.
+pub(crate) const TICKET_LIFE_US: Micros = 2_500_000;
+
 /// An acknowledged acquisition, with what its owner did about renewing and releasing it.
 pub(crate) struct Acknowledged<'a> {
     pub(crate) resource: &'a str,

@@ -10,9 +10,10 @@
 //! lease's grant before its renewals before its release), with what the requests carried:
 //! each lease's owner, TTL and lock delay from the acquisition that received it. Each step
 //! must come out of the rules as it came out of the store: a grant with that fence (above the
-//! last one of the resource: gaps are fine), a renewal, a release. And every renewal or
-//! release refused (`404`, `409`) must be refused by the rules at the end of its flight,
-//! when its lease is the least likely to be live.
+//! last one of the resource: gaps are fine), a renewal, a release. Every renewal or release
+//! refused (`404`, `409`) must be refused by the rules at the end of its flight, when its
+//! lease is the least likely to be live; and every acquisition refused, at some moment of
+//! its flight ([`Replay::refused_acquisitions`]).
 //!
 //! What a real run has and the rules do not, and how it is handled:
 //! - **Lost answers** (a kill, a cut, a `503`): the step may or may not have happened. A
@@ -26,9 +27,8 @@
 //!   ahead of the grantee ([`History::waiters_ahead_of`]: answered later, wait not over, no
 //!   fault on their instance, and sent more than
 //!   [`ENQUEUED_WITHIN`](super::history::ENQUEUED_WITHIN) before the grantee): any order is
-//!   allowed among the rest. So a refusal of an acquisition is never judged (it may rest on
-//!   a waiter the replay does not know of), and the queue's order rests on that one timing
-//!   assumption.
+//!   allowed among the rest; and the queue's order rests on that one timing assumption. A
+//!   refused acquisition may rest on any waiter that may have been queued.
 //! - **PostgreSQL's hand-over** ([`Rules::POSTGRES`]): a release followed, at the same
 //!   millisecond, by a grant to a waiter is replayed as the release handing the lease to the
 //!   head of that queue, and the waiter taking it.
@@ -48,7 +48,8 @@ use fencelock_model::rules::{
 };
 
 use super::history::{
-    Acknowledged, History, Op, PLACEMENT_SLACK, PastLease, Record, ReleaseAnswer, RenewAnswer,
+    Acknowledged, AcquireAnswer, History, Op, PLACEMENT_SLACK, PastLease, Record, ReleaseAnswer,
+    RenewAnswer,
 };
 
 /// Milliseconds by which a grant is judged later, and a successful renewal or release
@@ -177,6 +178,8 @@ pub fn replay(history: &History) -> Report {
             acks: acks.iter().filter(|a| a.resource == resource).collect(),
             state: Store::default(),
             pending: None,
+            busy: Vec::new(),
+            open: None,
             report: &mut report,
         };
         replay.run(past);
@@ -192,6 +195,11 @@ struct Replay<'h> {
     state: Store<&'h str, Who<'h>>,
     /// A hand-over a release made (PostgreSQL): the fence, and the ticket that takes it.
     pending: Option<(u64, Ticket)>,
+    /// When the replay's leases kept other owners out, `[start, end]` in store time: from
+    /// each grant to its release, or to its expiry plus its lock delay.
+    busy: Vec<(u64, u64)>,
+    /// The start of the current lease's window, not yet closed.
+    open: Option<u64>,
     report: &'h mut Report,
 }
 
@@ -233,6 +241,134 @@ impl<'h> Replay<'h> {
                 return;
             }
         }
+        // The lease still open at the end keeps others out until it is free.
+        if let Some(start) = self.open.take() {
+            let end = self.current_free_at().unwrap_or(u64::MAX);
+            self.busy.push((start, end));
+        }
+        let oldest = past
+            .iter()
+            .map(|p| ms(p.acquired_at))
+            .min()
+            .unwrap_or(u64::MAX);
+        if let Err((at, what)) = self.refused_acquisitions(oldest) {
+            self.report.unexplained.push(Unexplained {
+                resource: self.resource.to_owned(),
+                step: steps.iter().filter(|(t, _)| *t <= at).count() + 1,
+                at: time(at),
+                what,
+            });
+        }
+    }
+
+    /// When the resource's current lease in the replay lets other owners in: at its expiry
+    /// plus its lock delay; for a lease nobody received, whose lock delay no answer showed,
+    /// plus the longest lock delay any acquisition of the resource asked for.
+    fn current_free_at(&self) -> Option<u64> {
+        let lease = self.state.slot(&self.resource)?.lease.as_ref()?;
+        Some(match lease.owner {
+            Who::Named(_) => lease.free_at(),
+            Who::Unseen(_) => lease.expires_at.saturating_add(self.longest_lock_delay()),
+        })
+    }
+
+    fn longest_lock_delay(&self) -> u64 {
+        self.history
+            .records
+            .iter()
+            .filter(|r| r.resource == self.resource)
+            .filter_map(|r| match &r.op {
+                Op::Acquire { lock_delay_ms, .. } => Some(u64::from(*lock_delay_ms)),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Every acquisition answered `acquired: false` (after the oldest lease the store's
+    /// history holds) must be one the rules refuse at some moment of its flight: when the
+    /// replay's lease of another owner was live or inside its lock delay ([`Replay::busy`]),
+    /// or when another waiter may have been in the queue. Which waiters were, the history
+    /// does not tell exactly; so every other waiting request counts, from its sending until
+    /// its answer, or, where it left or its answer was lost, until its wait ended plus a
+    /// ticket's life (a dead instance's tickets lapse only then); and every acquisition whose
+    /// answer was lost counts for its flight (a grant taken back held the resource
+    /// meanwhile). Returns the first one that is not so explained, by its sending.
+    fn refused_acquisitions(&mut self, oldest: u64) -> Result<(), (u64, String)> {
+        let slack = i64::try_from(PLACEMENT_SLACK.as_millis()).unwrap_or(0);
+        let shift = |ms: i64| chrono::TimeDelta::milliseconds(ms);
+        let span = |from_us: u64, until_us: u64| {
+            let from = self.history.store_time(from_us, shift(-slack))?;
+            let until = self.history.store_time(until_us, shift(slack))?;
+            Some((ms(from), ms(until)))
+        };
+        let ticket_life = super::history::TICKET_LIFE_US;
+        let mut queued: Vec<(&Record, (u64, u64))> = Vec::new();
+        for r in self
+            .history
+            .records
+            .iter()
+            .filter(|r| r.resource == self.resource)
+        {
+            let Op::Acquire {
+                wait_ms, answer, ..
+            } = &r.op
+            else {
+                continue;
+            };
+            let wait_end = r.sent_us + u64::from(*wait_ms) * 1000;
+            let until = match (answer, *wait_ms > 0) {
+                (AcquireAnswer::Unknown { .. } | AcquireAnswer::Departed, true) => {
+                    wait_end.max(r.received_us) + ticket_life
+                }
+                (_, true) | (AcquireAnswer::Unknown { .. }, false) => r.received_us,
+                _ => continue,
+            };
+            if let Some(window) = span(r.sent_us, until) {
+                queued.push((r, window));
+            }
+        }
+        let mut refused: Vec<&Record> = self
+            .history
+            .records
+            .iter()
+            .filter(|r| r.resource == self.resource)
+            .filter(|r| {
+                matches!(
+                    &r.op,
+                    Op::Acquire {
+                        answer: AcquireAnswer::Held,
+                        ..
+                    }
+                )
+            })
+            .collect();
+        refused.sort_by_key(|r| r.sent_us);
+        for r in refused {
+            let Some((from, until)) = span(r.sent_us, r.received_us) else {
+                continue;
+            };
+            if from < oldest {
+                continue;
+            }
+            self.report.refusals += 1;
+            let meets = |(start, end): (u64, u64)| start <= until && from <= end;
+            let held = self.busy.iter().any(|w| meets(*w));
+            let behind = queued
+                .iter()
+                .any(|(other, w)| !std::ptr::eq(*other, r) && meets(*w));
+            if !held && !behind {
+                return Err((
+                    from,
+                    format!(
+                        "an acquisition sent at {} ms and answered at {} ms was refused; the rules grant it throughout its flight (no lease of another owner, no lock delay, no waiter that may have been queued)",
+                        r.sent_us / 1000,
+                        r.received_us / 1000
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The resource's steps from its oldest lease the store's history still holds, in order.
@@ -410,6 +546,7 @@ impl<'h> Replay<'h> {
                 None
             }
         };
+        let replaced_free_at = self.current_free_at();
         let outcome = self.state.acquire(
             &self.rules,
             &self.resource,
@@ -420,6 +557,10 @@ impl<'h> Replay<'h> {
         self.clear_queue();
         match outcome {
             Ok(AcquireOutcome::Granted { fence: given, .. }) if given == fence => {
+                if let Some(start) = self.open.replace(at) {
+                    let end = replaced_free_at.unwrap_or(at).max(start);
+                    self.busy.push((start, end));
+                }
                 // The lease as stamped, not as judged.
                 if let Some(lease) = self
                     .state
@@ -453,7 +594,7 @@ impl<'h> Replay<'h> {
                 Op::Acquire {
                     owner,
                     wait_ms,
-                    answer: super::history::AcquireAnswer::Acquired(l),
+                    answer: AcquireAnswer::Acquired(l),
                     ..
                 } if r.resource == self.resource
                     && *owner == a.owner
@@ -560,6 +701,9 @@ impl<'h> Replay<'h> {
                 fence: f,
                 handed_over,
             }) if f == fence => {
+                if let Some(start) = self.open.take() {
+                    self.busy.push((start, at));
+                }
                 match (handed_over, handover_to) {
                     (None, _) => {}
                     (Some(h), Some((next_fence, ticket)))
@@ -834,6 +978,35 @@ mod tests {
             ),
         );
         assert_eq!(unexplained(&lost), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_refused_acquisition_needs_a_lease_a_lock_delay_or_a_waiter_in_its_flight() {
+        // A's lease on `k`: from 0 to 1 s, lock delay 500 ms, expired; B's from 1.6 s.
+        let refused_at = |sent_ms: u64, wait_ms: u32| {
+            let mut history = lock_delay(1600);
+            let op = super::super::history::tests::asked("c", 1, wait_ms, 0, AcquireAnswer::Held);
+            history
+                .records
+                .push(record("k", sent_ms, sent_ms + 10 + u64::from(wait_ms), op));
+            history
+        };
+        // During A's lease, its lock delay, or B's: explained.
+        for sent_ms in [500, 1300, 2000] {
+            assert_eq!(unexplained(&refused_at(sent_ms, 0)), Vec::<String>::new());
+        }
+        // B's lease (1 s, never released) ended at 2.6 s: a refusal at 3 s is not.
+        assert_unexplained(
+            &refused_at(3000, 0),
+            "an acquisition sent at 3000 ms and answered at 3010 ms was refused; the rules grant it throughout its flight",
+        );
+        // A waiter in flight then (it left later) may have been queued ahead.
+        let mut queued = refused_at(3000, 0);
+        let waiter = super::super::history::tests::asked("d", 10, 8000, 0, AcquireAnswer::Departed);
+        queued.records.push(record("k", 2900, 4000, waiter));
+        assert_eq!(unexplained(&queued), Vec::<String>::new());
+        // Its own wait does not explain itself.
+        assert_unexplained(&refused_at(3000, 500), "an acquisition sent at 3000 ms");
     }
 
     #[test]
