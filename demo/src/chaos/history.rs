@@ -1117,6 +1117,26 @@ pub(crate) mod tests {
         )
     }
 
+    /// A's renewal of fence 1, sent at 0.8 s, whose answer a cut took.
+    pub(crate) fn lost_renewal() -> Record {
+        let why = "cut".to_owned();
+        record(
+            "k",
+            800,
+            1200,
+            renewal("a", 1, RenewAnswer::Unknown { why }),
+        )
+    }
+
+    /// A fault from 1 s to 1.5 s: a kill of `instance`, or (`None`) a cut of every one.
+    pub(crate) fn fault_on(instance: Option<usize>) -> Fault {
+        Fault {
+            from_us: 1_000_000,
+            until_us: 1_500_000,
+            instance,
+        }
+    }
+
     #[test]
     fn a_renewal_after_expiry_is_caught() {
         assert_eq!(violations(&renewed_at(900)), Vec::<String>::new());
@@ -1128,16 +1148,7 @@ pub(crate) mod tests {
         assert!(found[0].contains("after it had expired"), "{found:#?}");
         // A renewal before it whose answer was lost may have extended the lease.
         let mut lost = renewed_at(1500);
-        let why = "cut".to_owned();
-        lost.records.insert(
-            1,
-            record(
-                "k",
-                800,
-                1200,
-                renewal("a", 1, RenewAnswer::Unknown { why }),
-            ),
-        );
+        lost.records.insert(1, lost_renewal());
         assert_eq!(violations(&lost), Vec::<String>::new());
     }
 
@@ -1170,20 +1181,12 @@ pub(crate) mod tests {
         // every instance's connections: no conclusion.
         for instance in [Some(0), None] {
             let mut killed = queue(true);
-            killed.faults.push(Fault {
-                from_us: 1_000_000,
-                until_us: 1_500_000,
-                instance,
-            });
+            killed.faults.push(fault_on(instance));
             assert_eq!(violations(&killed), Vec::<String>::new());
         }
         // A kill of another instance proves nothing either way: still caught.
         let mut other = queue(true);
-        other.faults.push(Fault {
-            from_us: 1_000_000,
-            until_us: 1_500_000,
-            instance: Some(2),
-        });
+        other.faults.push(fault_on(Some(2)));
         assert_eq!(violations(&other).len(), 1);
         // Sent within ENQUEUED_WITHIN of each other, either may have queued first.
         let mut close = queue(true);

@@ -302,24 +302,12 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
         },
         summary.pauses
     );
-    for v in summary.violations.iter().take(SHOWN_VIOLATIONS) {
-        say!("chaos: VIOLATION: {v}");
-    }
-    if summary.violations.len() > SHOWN_VIOLATIONS {
-        say!(
-            "chaos: ... and {} more violations",
-            summary.violations.len() - SHOWN_VIOLATIONS
-        );
-    }
-    for u in summary.unexplained.iter().take(SHOWN_VIOLATIONS) {
-        say!("chaos: UNEXPLAINED: {u}");
-    }
-    if summary.unexplained.len() > SHOWN_VIOLATIONS {
-        say!(
-            "chaos: ... and {} more steps the model cannot explain",
-            summary.unexplained.len() - SHOWN_VIOLATIONS
-        );
-    }
+    say_some("VIOLATION", "violations", &summary.violations);
+    say_some(
+        "UNEXPLAINED",
+        "steps the model cannot explain",
+        &summary.unexplained,
+    );
     if !summary.passed() {
         // The instances' logs are kept for the post-mortem.
         let kept = scratch.keep();
@@ -329,6 +317,20 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
     say!("{}", mix_line(&history.records));
     say!("{}", summary.last_line());
     Ok(summary)
+}
+
+/// Prints the first [`SHOWN_VIOLATIONS`] of `items`, each after `label`, and how many more
+/// `kind` there are.
+fn say_some<T: std::fmt::Display>(label: &str, kind: &str, items: &[T]) {
+    for item in items.iter().take(SHOWN_VIOLATIONS) {
+        say!("chaos: {label}: {item}");
+    }
+    if items.len() > SHOWN_VIOLATIONS {
+        say!(
+            "chaos: ... and {} more {kind}",
+            items.len() - SHOWN_VIOLATIONS
+        );
+    }
 }
 
 async fn demo_store(file: &std::path::Path, guarding: Guarding) -> anyhow::Result<DemoServer> {

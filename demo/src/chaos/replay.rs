@@ -562,12 +562,7 @@ impl<'h> Replay<'h> {
                     self.busy.push((start, end));
                 }
                 // The lease as stamped, not as judged.
-                if let Some(lease) = self
-                    .state
-                    .slots
-                    .get_mut(&self.resource)
-                    .and_then(|s| s.lease.as_mut())
-                {
+                if let Some(lease) = self.lease_mut() {
                     lease.acquired_at = at;
                     lease.expires_at = at.saturating_add(req.ttl);
                 }
@@ -626,12 +621,7 @@ impl<'h> Replay<'h> {
         );
         match outcome {
             RenewOutcome::Renewed { fence: f, .. } if f == fence => {
-                if let Some(lease) = self
-                    .state
-                    .slots
-                    .get_mut(&self.resource)
-                    .and_then(|s| s.lease.as_mut())
-                {
+                if let Some(lease) = self.lease_mut() {
                     lease.expires_at = expires;
                 }
                 Ok(())
@@ -662,12 +652,7 @@ impl<'h> Replay<'h> {
         // replay knows of: it explains a release after that.
         if let Who::Named(name) = owner
             && self.renewal_lost(name, p.fence)
-            && let Some(lease) = self
-                .state
-                .slots
-                .get_mut(&self.resource)
-                .and_then(|s| s.lease.as_mut())
-                .filter(|l| l.fence == fence)
+            && let Some(lease) = self.lease_mut().filter(|l| l.fence == fence)
         {
             lease.expires_at = lease.expires_at.max(at + 1);
         }
@@ -746,40 +731,34 @@ impl<'h> Replay<'h> {
     }
 
     fn refused(&mut self, at: u64, r: &'h Record) -> Result<(), String> {
-        let before = self.lease_view();
         self.report.refusals += 1;
-        match &r.op {
+        // Judged on a copy: a step the rules allow is unexplained, and changes nothing of
+        // what the store did.
+        let mut state = self.state.clone();
+        let (what, owner, fence, answer, allowed) = match &r.op {
             Op::Renew {
                 owner,
                 fence,
                 ttl_seconds,
                 answer,
             } => {
-                // Judged on a copy: a renewal the rules allow is unexplained, and changes
-                // nothing of what the store did.
-                let mut state = self.state.clone();
+                let ttl = u64::from(*ttl_seconds) * 1000;
                 let outcome = state.renew(
                     &self.rules,
                     &self.resource,
                     &Who::Named(owner),
                     Some(fence_of(*fence)),
-                    u64::from(*ttl_seconds) * 1000,
+                    ttl,
                     at,
                 );
-                match outcome {
-                    RenewOutcome::Renewed { .. } => Err(format!(
-                        "a renewal of fence {fence} by owner {owner}, sent at {} ms, was answered {answer:?}; the rules renew it until the end of its flight ({before})",
-                        r.sent_us / 1000
-                    )),
-                    _ => Ok(()),
-                }
+                let allowed = matches!(outcome, RenewOutcome::Renewed { .. });
+                ("renewal", owner, fence, format!("{answer:?}"), allowed)
             }
             Op::Release {
                 owner,
                 fence,
                 answer,
             } => {
-                let mut state = self.state.clone();
                 let outcome = state.release(
                     &self.rules,
                     &self.resource,
@@ -788,16 +767,26 @@ impl<'h> Replay<'h> {
                     at,
                     Number::Next,
                 );
-                match outcome {
-                    Ok(ReleaseOutcome::Released { .. }) => Err(format!(
-                        "a release of fence {fence} by owner {owner}, sent at {} ms, was answered {answer:?}; the rules release it until the end of its flight ({before})",
-                        r.sent_us / 1000
-                    )),
-                    _ => Ok(()),
-                }
+                let allowed = matches!(outcome, Ok(ReleaseOutcome::Released { .. }));
+                ("release", owner, fence, format!("{answer:?}"), allowed)
             }
-            _ => Ok(()),
+            _ => return Ok(()),
+        };
+        if !allowed {
+            return Ok(());
         }
+        Err(format!(
+            "a {what} of fence {fence} by owner {owner}, sent at {} ms, was answered {answer}; the rules allow it until the end of its flight ({})",
+            r.sent_us / 1000,
+            self.lease_view()
+        ))
+    }
+
+    fn lease_mut(&mut self) -> Option<&mut fencelock_model::rules::Lease<Who<'h>>> {
+        self.state
+            .slots
+            .get_mut(&self.resource)
+            .and_then(|s| s.lease.as_mut())
     }
 
     /// The replayed lease of the resource, in words.
@@ -842,10 +831,10 @@ impl<'h> Replay<'h> {
 #[cfg(test)]
 mod tests {
     use super::super::history::tests::{
-        acquired, expired, lease, lock_delay, past, queue, record, release, renewal, renewed_at,
-        with_leases,
+        acquired, asked, expired, fault_on, lease, lock_delay, lost_renewal, past, queue, record,
+        release, renewal, renewed_at, with_leases,
     };
-    use super::super::history::{Fault, PastLease, ReleaseAnswer, RenewAnswer};
+    use super::super::history::{PastLease, ReleaseAnswer, RenewAnswer};
     use super::*;
 
     fn unexplained(history: &History) -> Vec<String> {
@@ -898,11 +887,7 @@ mod tests {
         );
         // Unless the first waiter's instance was killed meanwhile (its ticket may lapse).
         let mut killed = queue(true);
-        killed.faults.push(Fault {
-            from_us: 1_000_000,
-            until_us: 1_500_000,
-            instance: Some(0),
-        });
+        killed.faults.push(fault_on(Some(0)));
         assert_eq!(unexplained(&killed), Vec::<String>::new());
     }
 
@@ -967,16 +952,7 @@ mod tests {
             "the store released fence 1 of owner a; the rules answer NotFound",
         );
         let mut lost = history();
-        let why = "cut".to_owned();
-        lost.records.insert(
-            1,
-            record(
-                "k",
-                800,
-                1200,
-                renewal("a", 1, RenewAnswer::Unknown { why }),
-            ),
-        );
+        lost.records.insert(1, lost_renewal());
         assert_eq!(unexplained(&lost), Vec::<String>::new());
     }
 
@@ -985,7 +961,7 @@ mod tests {
         // A's lease on `k`: from 0 to 1 s, lock delay 500 ms, expired; B's from 1.6 s.
         let refused_at = |sent_ms: u64, wait_ms: u32| {
             let mut history = lock_delay(1600);
-            let op = super::super::history::tests::asked("c", 1, wait_ms, 0, AcquireAnswer::Held);
+            let op = asked("c", 1, wait_ms, 0, AcquireAnswer::Held);
             history
                 .records
                 .push(record("k", sent_ms, sent_ms + 10 + u64::from(wait_ms), op));
@@ -1002,7 +978,7 @@ mod tests {
         );
         // A waiter in flight then (it left later) may have been queued ahead.
         let mut queued = refused_at(3000, 0);
-        let waiter = super::super::history::tests::asked("d", 10, 8000, 0, AcquireAnswer::Departed);
+        let waiter = asked("d", 10, 8000, 0, AcquireAnswer::Departed);
         queued.records.push(record("k", 2900, 4000, waiter));
         assert_eq!(unexplained(&queued), Vec::<String>::new());
         // Its own wait does not explain itself.
