@@ -180,6 +180,7 @@ pub fn replay(history: &History) -> Report {
             pending: None,
             busy: Vec::new(),
             open: None,
+            past,
             report: &mut report,
         };
         replay.run(past);
@@ -200,6 +201,8 @@ struct Replay<'h> {
     busy: Vec<(u64, u64)>,
     /// The start of the current lease's window, not yet closed.
     open: Option<u64>,
+    /// The store's history of the resource.
+    past: &'h [PastLease],
     report: &'h mut Report,
 }
 
@@ -264,11 +267,21 @@ impl<'h> Replay<'h> {
     /// When the resource's current lease in the replay lets other owners in: at its expiry
     /// plus its lock delay; for a lease nobody received, whose lock delay no answer showed,
     /// plus the longest lock delay any acquisition of the resource asked for.
+    ///
+    /// Where the store's history shows the lease expired later than the replay's expiry (a
+    /// renewal whose answer was lost), its recorded expiry counts.
     fn current_free_at(&self) -> Option<u64> {
         let lease = self.state.slot(&self.resource)?.lease.as_ref()?;
+        let recorded = self
+            .past
+            .iter()
+            .find(|p| fence_of(p.fence) == lease.fence && !p.released)
+            .and_then(|p| p.ended_at)
+            .map_or(0, ms);
+        let expired = lease.expires_at.max(recorded);
         Some(match lease.owner {
-            Who::Named(_) => lease.free_at(),
-            Who::Unseen(_) => lease.expires_at.saturating_add(self.longest_lock_delay()),
+            Who::Named(_) => expired.saturating_add(lease.lock_delay),
+            Who::Unseen(_) => expired.saturating_add(self.longest_lock_delay()),
         })
     }
 
@@ -611,6 +624,7 @@ impl<'h> Replay<'h> {
         expires: u64,
     ) -> Result<(), String> {
         let before = self.lease_view();
+        self.extend_by_lost_renewal(owner, fence, at);
         let outcome = self.state.renew(
             &self.rules,
             &self.resource,
@@ -648,13 +662,8 @@ impl<'h> Replay<'h> {
             Some(lease) if lease.fence == fence => lease.owner.clone(),
             _ => self.acquisition(p).owner,
         };
-        // A renewal whose answer was lost may have extended the lease past the expiry the
-        // replay knows of: it explains a release after that.
-        if let Who::Named(name) = owner
-            && self.renewal_lost(name, p.fence)
-            && let Some(lease) = self.lease_mut().filter(|l| l.fence == fence)
-        {
-            lease.expires_at = lease.expires_at.max(at + 1);
+        if let Who::Named(name) = owner {
+            self.extend_by_lost_renewal(name, fence, at);
         }
         // PostgreSQL hands the lease to the head of the queue in the release's own step: the
         // grant at the same millisecond to a waiter that received it.
@@ -719,6 +728,16 @@ impl<'h> Replay<'h> {
                     }
                 ))
             }
+        }
+    }
+
+    /// A renewal of `owner`'s lease `fence` whose answer was lost may have extended it past
+    /// the expiry the replay knows of: it explains a renewal or a release at `at` after that.
+    fn extend_by_lost_renewal(&mut self, owner: &str, fence: u64, at: u64) {
+        if self.renewal_lost(owner, i64::try_from(fence).unwrap_or(i64::MAX))
+            && let Some(lease) = self.lease_mut().filter(|l| l.fence == fence)
+        {
+            lease.expires_at = lease.expires_at.max(at + TOLERANCE_MS + 1);
         }
     }
 
@@ -983,6 +1002,24 @@ mod tests {
         assert_eq!(unexplained(&queued), Vec::<String>::new());
         // Its own wait does not explain itself.
         assert_unexplained(&refused_at(3000, 500), "an acquisition sent at 3000 ms");
+    }
+
+    #[test]
+    fn a_lease_lasts_as_long_as_the_store_recorded_it() {
+        // A's lease (1 s) expired at 2 s by the store's history: a renewal whose answer was
+        // lost extended it. C was refused at 1.5 s.
+        let refused = |recorded_expiry_ms: i64| {
+            with_leases(
+                vec![
+                    record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                    lost_renewal(),
+                    record("k", 1500, 1510, asked("c", 1, 0, 0, AcquireAnswer::Held)),
+                ],
+                vec![expired(1, 0, recorded_expiry_ms)],
+            )
+        };
+        assert_eq!(unexplained(&refused(2000)), Vec::<String>::new());
+        assert_unexplained(&refused(1000), "an acquisition sent at 1500 ms");
     }
 
     #[test]
