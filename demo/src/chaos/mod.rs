@@ -81,9 +81,12 @@ const DEPART_CHANCE: f64 = 0.3;
 const RENEW_CHANCE: f64 = 0.25;
 const PAUSED_RENEW_CHANCE: f64 = 0.75;
 /// Chance that a non-waiting acquisition asks for a lock delay; one that will pause past its
-/// TTL (and so let its lease expire, which is when the delay counts) asks more often.
+/// TTL (and so let its lease expire, which is when the delay counts) asks more often, but
+/// not always, and never the run's first: a delay keeps the others out while the paused
+/// holder's late writes land, and the run without the guard must still see some land after
+/// a greater fence.
 const LOCK_DELAY_CHANCE: f64 = 0.15;
-const PAUSED_LOCK_DELAY_CHANCE: f64 = 0.6;
+const PAUSED_LOCK_DELAY_CHANCE: f64 = 0.3;
 /// A lock delay's `lock_delay_ms`.
 const LOCK_DELAY_MS: std::ops::Range<u32> = 100..800;
 /// Chance that a kill picks an instance holding waiters, when one does.
@@ -559,11 +562,12 @@ impl Worker {
             } else {
                 LOCK_DELAY_CHANCE
             };
-            let lock_delay_ms = if wait.is_none() && self.rng.random_bool(delay_chance) {
-                self.rng.random_range(LOCK_DELAY_MS)
-            } else {
-                0
-            };
+            let lock_delay_ms =
+                if wait.is_none() && !pauses_now && self.rng.random_bool(delay_chance) {
+                    self.rng.random_range(LOCK_DELAY_MS)
+                } else {
+                    0
+                };
             let how = How {
                 wait,
                 lock_delay_ms,
