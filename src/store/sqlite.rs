@@ -35,6 +35,8 @@ mod embedded {
     refinery::embed_migrations!("migrations/sqlite");
 }
 
+#[cfg(debug_assertions)]
+mod broken;
 mod counter;
 mod poll;
 mod undo;
@@ -771,7 +773,7 @@ fn waiters_ahead(
     ticket: Option<Ticket>,
     now: i64,
 ) -> Result<Option<i64>> {
-    conn.prepare_cached(WAITERS_AHEAD)
+    conn.prepare_cached(waiters_ahead_statement())
         .and_then(|mut s| {
             s.query_row(
                 params![resource.as_str(), now, ticket.map(Ticket::get)],
@@ -779,6 +781,16 @@ fn waiters_ahead(
             )
         })
         .map_err(classify)
+}
+
+/// [`WAITERS_AHEAD`], or in a debug build told to break the queue's order on purpose
+/// ([`broken`]), its reverse.
+fn waiters_ahead_statement() -> &'static str {
+    #[cfg(debug_assertions)]
+    if broken::handover_reversed() {
+        return broken::WAITERS_BEHIND;
+    }
+    WAITERS_AHEAD
 }
 
 /// A ticket at the end of the queue: it lives by its heartbeat (`lease_waiters.expires_at`),

@@ -44,6 +44,8 @@ pub type Micros = u64;
 pub struct Record {
     /// Who sent it: a worker's number, or `None` for the run's own checks.
     pub worker: Option<usize>,
+    /// The lease-server instance it went to (its index); `None` for the demo store.
+    pub instance: Option<usize>,
     pub resource: String,
     pub sent_us: Micros,
     pub received_us: Micros,
@@ -59,7 +61,15 @@ pub enum Op {
         ttl_seconds: u32,
         /// The request's `wait_ms`; `0` when it did not wait.
         wait_ms: u32,
+        /// The request's `lock_delay_ms`; `0` when it asked for none.
+        lock_delay_ms: u32,
         answer: AcquireAnswer,
+    },
+    Renew {
+        owner: String,
+        fence: i64,
+        ttl_seconds: u32,
+        answer: RenewAnswer,
     },
     Write {
         owner: String,
@@ -121,6 +131,21 @@ pub enum ReleaseAnswer {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "answer", rename_all = "snake_case")]
+pub enum RenewAnswer {
+    Renewed(Lease),
+    /// `404` or `409` (`lease-expired`, `owner-mismatch`, `stale-fence`): nothing changed.
+    Refused {
+        status: u16,
+        /// The problem's `type`, last path segment (`lease-expired`, ...).
+        problem: String,
+    },
+    Unknown {
+        why: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
 pub enum InspectAnswer {
     Live(Lease),
     None,
@@ -142,6 +167,8 @@ pub struct PastLease {
     pub acquired_at: DateTime<Utc>,
     /// `None` while it is live.
     pub ended_at: Option<DateTime<Utc>>,
+    /// It ended by a release (`ended_at` is the release's time), not by expiry.
+    pub released: bool,
 }
 
 /// A span of local time in which a fault was in force: an instance down (from its kill until
@@ -150,6 +177,8 @@ pub struct PastLease {
 pub struct Fault {
     pub from_us: Micros,
     pub until_us: Micros,
+    /// The instance killed; `None` for a cut of every instance's connections to the store.
+    pub instance: Option<usize>,
 }
 
 /// What a run observed: its records, the write log of every key and the store's history of
@@ -167,6 +196,9 @@ pub struct History {
     /// When the store's histories were read, in local time: a live lease has lasted until
     /// then.
     pub read_histories_us: Micros,
+    /// The store was PostgreSQL (which hands a released lease to the first waiter in the
+    /// release's own step), not SQLite.
+    pub postgres: bool,
 }
 
 /// The longest a lease nobody received may keep its resource (the contract's 3 s hand-over
@@ -174,7 +206,7 @@ pub struct History {
 pub const UNDELIVERED_LIMIT: Duration = Duration::from_millis(3500);
 /// How far apart the store's time stamps and this process's clock readings may be placed:
 /// one machine, one clock, but a request's time stamp is taken somewhere inside its flight.
-const PLACEMENT_SLACK: Duration = Duration::from_millis(250);
+pub(crate) const PLACEMENT_SLACK: Duration = Duration::from_millis(250);
 
 /// A broken promise, in words.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,15 +222,37 @@ impl fmt::Display for Violation {
 /// "lease vanished" check could misjudge; clocks on one machine differ by far less.
 const CLOCK_RATE_MARGIN: Duration = Duration::from_millis(50);
 
-/// An acknowledged acquisition, with what its owner did about releasing it.
-struct Acknowledged<'a> {
-    resource: &'a str,
-    lease: Lease,
-    sent_us: Micros,
-    received_us: Micros,
-    ttl_seconds: u32,
+/// How far apart two store times read from answers may be and still be the same: each is
+/// cut to the millisecond (PostgreSQL keeps microseconds), so two of them are off by less
+/// than 2 ms.
+const STAMP_TOLERANCE: chrono::TimeDelta = chrono::TimeDelta::milliseconds(2);
+
+/// How soon after its request was sent a waiting acquisition holds its place in the queue,
+/// at the latest, unless a fault struck its instance (or every instance) meanwhile: the
+/// server's first attempt and the enqueue are two store steps. This is the one timing
+/// assumption of the FIFO check: a server stalled longer than this could rightly queue a
+/// waiter behind one sent after it.
+pub const ENQUEUED_WITHIN: Duration = Duration::from_millis(1500);
+
+/// How long a waiter's ticket counts without a heartbeat (the server's `TICKET_LIFE`, 2 s), in
+/// microseconds, with 500 ms for the heartbeat's own round trip: the tickets of an instance
+/// killed hold its queue that long after.
+pub(crate) const TICKET_LIFE_US: Micros = 2_500_000;
+
+/// An acknowledged acquisition, with what its owner did about renewing and releasing it.
+pub(crate) struct Acknowledged<'a> {
+    pub(crate) resource: &'a str,
+    pub(crate) owner: &'a str,
+    pub(crate) lease: Lease,
+    pub(crate) sent_us: Micros,
+    pub(crate) received_us: Micros,
+    pub(crate) ttl_seconds: u32,
+    pub(crate) lock_delay_ms: u32,
+    /// Its expiry after the last renewal acknowledged (the acquisition's own if none was):
+    /// renewals use the same TTL, so the lease lasts at least this long unless released.
+    pub(crate) expires_at: DateTime<Utc>,
     /// When the owner first sent a release of it that was not refused.
-    release_sent_us: Option<Micros>,
+    pub(crate) release_sent_us: Option<Micros>,
 }
 
 impl History {
@@ -214,13 +268,165 @@ impl History {
         self.check_releases_in_real_time(&acks, &mut found);
         self.check_inspections(&acks, &mut found);
         self.check_grants_delivered(&acks, &mut found);
+        self.check_renewals(&acks, &mut found);
+        self.check_fifo(&acks, &mut found);
         found
     }
 
+    /// A renewal answered `200` was decided while the lease was live: its store time (its new
+    /// `expires_at` less its TTL: the store sets one from the other) is before the lease's
+    /// expiry as the acquisition and the renewals before it left it. It keeps the lease's
+    /// fence and start. Once a renewal's answer is lost, the expiry is unknown and the
+    /// lease's later renewals are not judged.
+    fn check_renewals(&self, acks: &[Acknowledged<'_>], found: &mut Vec<Violation>) {
+        for a in acks {
+            let mut expires = a.lease.expires_at;
+            for (r, ttl_seconds, answer) in self.renewals_of(a) {
+                match answer {
+                    RenewAnswer::Renewed(renewed) => {
+                        let at =
+                            renewed.expires_at - chrono::TimeDelta::seconds(i64::from(ttl_seconds));
+                        if at >= expires + STAMP_TOLERANCE {
+                            found.push(Violation(format!(
+                                "{}: fence {} was renewed at {at} (store time, by a request sent at {}), after it had expired at {expires}",
+                                a.resource,
+                                a.lease.fence,
+                                ms(r.sent_us)
+                            )));
+                        }
+                        if renewed.fence != a.lease.fence
+                            || renewed.acquired_at != a.lease.acquired_at
+                        {
+                            found.push(Violation(format!(
+                                "{}: fence {} was acknowledged as {:?} but renewed as {renewed:?}",
+                                a.resource, a.lease.fence, a.lease
+                            )));
+                        }
+                        expires = renewed.expires_at;
+                    }
+                    RenewAnswer::Refused { .. } => {}
+                    RenewAnswer::Unknown { .. } => break,
+                }
+            }
+        }
+    }
+
+    /// The renewals of an acknowledged lease by its owner, in the order they were sent, with
+    /// their TTL.
+    fn renewals_of<'h>(
+        &'h self,
+        a: &Acknowledged<'_>,
+    ) -> impl Iterator<Item = (&'h Record, u32, &'h RenewAnswer)> {
+        let mut renewals: Vec<_> = self
+            .records
+            .iter()
+            .filter_map(|r| match &r.op {
+                Op::Renew {
+                    owner,
+                    fence,
+                    ttl_seconds,
+                    answer,
+                } if r.resource == a.resource && owner == a.owner && *fence == a.lease.fence => {
+                    Some((r, *ttl_seconds, answer))
+                }
+                _ => None,
+            })
+            .collect();
+        renewals.sort_by_key(|(r, _, _)| r.sent_us);
+        renewals.into_iter()
+    }
+
+    /// Whether the owner of `a` had sent a renewal of it by `by`.
+    fn renewing(&self, a: &Acknowledged<'_>, by: Micros) -> bool {
+        self.renewals_of(a).any(|(r, _, _)| r.sent_us <= by)
+    }
+
+    /// Waiters are served in the order they queued: no lease goes to a request sent more
+    /// than [`ENQUEUED_WITHIN`] after a waiter (on the same resource) that was still waiting,
+    /// alive, when the lease began. "Still waiting" means its answer came later, its wait had
+    /// not run out, and it did not get that lease or an earlier one; "alive" that it was
+    /// answered (a lost answer may hide a dead instance, whose tickets lapse) and no fault
+    /// struck its instance (or cut every instance's store connections) from its sending to
+    /// the grant.
+    fn check_fifo(&self, acks: &[Acknowledged<'_>], found: &mut Vec<Violation>) {
+        for b in acks {
+            let Some(granted) = self.local(b.lease.acquired_at) else {
+                continue;
+            };
+            let ahead = self.waiters_ahead_of(b.resource, b.sent_us, b.lease.acquired_at, granted);
+            if let Some(a) = ahead.into_iter().next() {
+                found.push(Violation(format!(
+                    "{}: fence {} went at {} to a request sent at {}, while a waiter sent at {} \
+                     (answered at {}) was queued ahead of it: not in arrival order",
+                    b.resource,
+                    b.lease.fence,
+                    ms(granted),
+                    ms(b.sent_us),
+                    ms(a.sent_us),
+                    ms(a.received_us)
+                )));
+            }
+        }
+    }
+
+    /// The waiting requests on `resource` that certainly held a live place in its queue,
+    /// ahead of any request sent at `sent_us`, when a lease began at `granted_at` (store
+    /// time; `granted` in local time): see [`History::check_fifo`].
+    pub(crate) fn waiters_ahead_of(
+        &self,
+        resource: &str,
+        sent_us: Micros,
+        granted_at: DateTime<Utc>,
+        granted: Micros,
+    ) -> Vec<&Record> {
+        let slack = micros(PLACEMENT_SLACK);
+        self.records
+            .iter()
+            .filter(|a| a.resource == resource)
+            .filter(|a| {
+                let Op::Acquire {
+                    wait_ms, answer, ..
+                } = &a.op
+                else {
+                    return false;
+                };
+                let waiting = match answer {
+                    AcquireAnswer::Held | AcquireAnswer::Departed => true,
+                    AcquireAnswer::Acquired(own) => own.acquired_at > granted_at,
+                    AcquireAnswer::Unknown { .. } => false,
+                };
+                let wait_ends = a.sent_us + u64::from(*wait_ms) * 1000;
+                waiting
+                    && *wait_ms > 0
+                    && a.sent_us + micros(ENQUEUED_WITHIN) < sent_us
+                    && granted + slack < a.received_us
+                    && granted + slack < wait_ends
+                    && !self.faulted(a.instance, a.sent_us, granted + slack)
+            })
+            .collect()
+    }
+
+    /// Whether a fault struck `instance` (a kill of it, or a cut of every instance) between
+    /// `from` and `until`.
+    fn faulted(&self, instance: Option<usize>, from: Micros, until: Micros) -> bool {
+        self.faults.iter().any(|f| {
+            (f.instance.is_none() || f.instance == instance)
+                && f.from_us <= until
+                && from <= f.until_us
+        })
+    }
+
     /// A store time as local micros of the run; `None` before the run began.
-    fn local(&self, at: DateTime<Utc>) -> Option<Micros> {
+    pub(crate) fn local(&self, at: DateTime<Utc>) -> Option<Micros> {
         let since = (at - self.started_at?).to_std().ok()?;
         Some(micros(since))
+    }
+
+    /// A local time of the run as a store time, moved by `shift` (the placement slack, one
+    /// way or the other).
+    pub(crate) fn store_time(&self, us: Micros, shift: chrono::TimeDelta) -> Option<DateTime<Utc>> {
+        let since = chrono::TimeDelta::microseconds(i64::try_from(us).ok()?);
+        Some(self.started_at? + since + shift)
     }
 
     /// Every lease of the store's histories was received by a request, or kept its resource
@@ -319,7 +525,7 @@ impl History {
             .count()
     }
 
-    fn acknowledged(&self) -> Vec<Acknowledged<'_>> {
+    pub(crate) fn acknowledged(&self) -> Vec<Acknowledged<'_>> {
         // Releases that may have ended their lease; a refused one did not.
         let mut releases: HashMap<(&str, &str, i64), Micros> = HashMap::new();
         for r in &self.records {
@@ -335,24 +541,47 @@ impl History {
                 *first = (*first).min(r.sent_us);
             }
         }
+        // The latest expiry each lease's acknowledged renewals gave it.
+        let mut renewed: HashMap<(&str, &str, i64), DateTime<Utc>> = HashMap::new();
+        for r in &self.records {
+            if let Op::Renew {
+                owner,
+                fence,
+                answer: RenewAnswer::Renewed(lease),
+                ..
+            } = &r.op
+            {
+                let latest = renewed
+                    .entry((r.resource.as_str(), owner.as_str(), *fence))
+                    .or_insert(lease.expires_at);
+                *latest = (*latest).max(lease.expires_at);
+            }
+        }
         self.records
             .iter()
             .filter_map(|r| match &r.op {
                 Op::Acquire {
                     owner,
                     ttl_seconds,
+                    lock_delay_ms,
                     answer: AcquireAnswer::Acquired(lease),
                     ..
-                } => Some(Acknowledged {
-                    resource: &r.resource,
-                    lease: *lease,
-                    sent_us: r.sent_us,
-                    received_us: r.received_us,
-                    ttl_seconds: *ttl_seconds,
-                    release_sent_us: releases
-                        .get(&(r.resource.as_str(), owner.as_str(), lease.fence))
-                        .copied(),
-                }),
+                } => {
+                    let key = (r.resource.as_str(), owner.as_str(), lease.fence);
+                    Some(Acknowledged {
+                        resource: &r.resource,
+                        owner,
+                        lease: *lease,
+                        sent_us: r.sent_us,
+                        received_us: r.received_us,
+                        ttl_seconds: *ttl_seconds,
+                        lock_delay_ms: *lock_delay_ms,
+                        expires_at: renewed
+                            .get(&key)
+                            .map_or(lease.expires_at, |e| (*e).max(lease.expires_at)),
+                        release_sent_us: releases.get(&key).copied(),
+                    })
+                }
                 _ => None,
             })
             .collect()
@@ -507,7 +736,7 @@ impl History {
                         )));
                     }
                     if let Some(same) = known.iter().find(|a| a.lease.fence == shown.fence)
-                        && !agrees(same, r, shown)
+                        && !agrees(same, r, shown, self.renewing(same, r.received_us))
                     {
                         found.push(Violation(format!(
                             "{}: fence {} was acknowledged as {:?} but inspected as {:?}",
@@ -541,19 +770,31 @@ impl History {
     }
 }
 
+impl Acknowledged<'_> {
+    /// The end of its lock delay, had it ended by expiry.
+    pub(crate) fn delayed_until(&self) -> DateTime<Utc> {
+        self.expires_at + chrono::TimeDelta::milliseconds(i64::from(self.lock_delay_ms))
+    }
+}
+
 /// Whether an inspection (`r`, showing `shown`) agrees with the acknowledged lease of the
 /// same fence. Once the acknowledgment was received, the store shows the lease as it was
 /// acknowledged. While the acquisition is in flight, a lease a release handed over to a
 /// waiter may still show its provisional expiry (the store gives it the waiter's TTL when
 /// the waiter takes it, before answering): the same start, an earlier end.
-fn agrees(acked: &Acknowledged<'_>, r: &Record, shown: &Lease) -> bool {
-    if r.sent_us < acked.received_us {
-        shown.fence == acked.lease.fence
-            && shown.acquired_at == acked.lease.acquired_at
-            && shown.expires_at <= acked.lease.expires_at
-    } else {
-        *shown == acked.lease
-    }
+///
+/// Once its owner has sent a renewal (before the inspection was answered), the lease may
+/// show a later expiry too.
+fn agrees(acked: &Acknowledged<'_>, r: &Record, shown: &Lease, renewing: bool) -> bool {
+    let same_lease =
+        shown.fence == acked.lease.fence && shown.acquired_at == acked.lease.acquired_at;
+    let in_flight = r.sent_us < acked.received_us;
+    let expiry_fits = match shown.expires_at.cmp(&acked.lease.expires_at) {
+        std::cmp::Ordering::Less => in_flight,
+        std::cmp::Ordering::Equal => true,
+        std::cmp::Ordering::Greater => renewing,
+    };
+    same_lease && expiry_fits
 }
 
 fn check_unique_fences(acks: &[Acknowledged<'_>], found: &mut Vec<Violation>) {
@@ -611,16 +852,31 @@ fn check_no_overlap(acks: &[Acknowledged<'_>], found: &mut Vec<Violation>) {
                     a.lease.fence, a.lease.acquired_at, p.lease.fence, p.lease.acquired_at
                 )));
             }
-            // An earlier lease lasts until its expiry if its owner had not sent a release
-            // by the time this one was acknowledged.
-            let lasting = earlier.iter().filter(|p| {
-                a.lease.acquired_at < p.lease.expires_at
-                    && p.release_sent_us.is_none_or(|s| s > a.received_us)
-            });
-            if let Some(p) = lasting.max_by_key(|p| p.lease.expires_at) {
+            // An earlier lease lasts until its expiry (as its renewals left it) if its owner
+            // had not sent a release by the time this one was acknowledged; and having
+            // ended by expiry, it keeps other owners out for its lock delay after.
+            let unreleased = || {
+                earlier
+                    .iter()
+                    .filter(|p| p.release_sent_us.is_none_or(|s| s > a.received_us))
+            };
+            let lasting = unreleased().filter(|p| a.lease.acquired_at < p.expires_at);
+            if let Some(p) = lasting.max_by_key(|p| p.expires_at) {
                 found.push(Violation(format!(
                     "{resource}: fence {} starts at {}, while fence {} (not released by then) lasts until {}",
-                    a.lease.fence, a.lease.acquired_at, p.lease.fence, p.lease.expires_at
+                    a.lease.fence, a.lease.acquired_at, p.lease.fence, p.expires_at
+                )));
+            } else if let Some(p) = unreleased()
+                .filter(|p| a.lease.acquired_at + STAMP_TOLERANCE < p.delayed_until())
+                .max_by_key(|p| p.delayed_until())
+            {
+                found.push(Violation(format!(
+                    "{resource}: fence {} starts at {}, inside the lock delay of fence {} (expired at {}, delayed until {})",
+                    a.lease.fence,
+                    a.lease.acquired_at,
+                    p.lease.fence,
+                    p.expires_at,
+                    p.delayed_until()
                 )));
             }
         }
@@ -663,14 +919,14 @@ fn ms(us: Micros) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn at(ms: i64) -> DateTime<Utc> {
+    pub(crate) fn at(ms: i64) -> DateTime<Utc> {
         DateTime::from_timestamp_millis(1_800_000_000_000 + ms).unwrap()
     }
 
-    fn lease(fence: i64, from_ms: i64, ttl_ms: i64) -> Lease {
+    pub(crate) fn lease(fence: i64, from_ms: i64, ttl_ms: i64) -> Lease {
         Lease {
             fence,
             acquired_at: at(from_ms),
@@ -678,9 +934,10 @@ mod tests {
         }
     }
 
-    fn record(resource: &str, sent_ms: u64, received_ms: u64, op: Op) -> Record {
+    pub(crate) fn record(resource: &str, sent_ms: u64, received_ms: u64, op: Op) -> Record {
         Record {
             worker: Some(0),
+            instance: Some(0),
             resource: resource.to_owned(),
             sent_us: sent_ms * 1000,
             received_us: received_ms * 1000,
@@ -688,7 +945,7 @@ mod tests {
         }
     }
 
-    fn acquired(owner: &str, lease: Lease) -> Op {
+    pub(crate) fn acquired(owner: &str, lease: Lease) -> Op {
         waited(owner, AcquireAnswer::Acquired(lease))
     }
 
@@ -697,16 +954,244 @@ mod tests {
             owner: owner.to_owned(),
             ttl_seconds: 1,
             wait_ms: 0,
+            lock_delay_ms: 0,
             answer,
         }
     }
 
-    fn past(fence: i64, from_ms: i64, ended_ms: Option<i64>) -> PastLease {
+    pub(crate) fn past(fence: i64, from_ms: i64, ended_ms: Option<i64>) -> PastLease {
         PastLease {
             fence,
             acquired_at: at(from_ms),
             ended_at: ended_ms.map(at),
+            released: true,
         }
+    }
+
+    /// An acquisition of `owner` with these `ttl_seconds`, `wait_ms` and `lock_delay_ms`.
+    pub(crate) fn asked(
+        owner: &str,
+        ttl_seconds: u32,
+        wait_ms: u32,
+        lock_delay_ms: u32,
+        answer: AcquireAnswer,
+    ) -> Op {
+        Op::Acquire {
+            owner: owner.to_owned(),
+            ttl_seconds,
+            wait_ms,
+            lock_delay_ms,
+            answer,
+        }
+    }
+
+    /// A renewal of `owner`'s lease `fence` with a TTL of 1 s.
+    pub(crate) fn renewal(owner: &str, fence: i64, answer: RenewAnswer) -> Op {
+        Op::Renew {
+            owner: owner.to_owned(),
+            fence,
+            ttl_seconds: 1,
+            answer,
+        }
+    }
+
+    /// A lease of the store's history that ended by expiry at `expired_ms`.
+    pub(crate) fn expired(fence: i64, from_ms: i64, expired_ms: i64) -> PastLease {
+        PastLease {
+            fence,
+            acquired_at: at(from_ms),
+            ended_at: Some(at(expired_ms)),
+            released: false,
+        }
+    }
+
+    /// A history with the store's history of `k` (newest first) beside the records.
+    pub(crate) fn with_leases(records: Vec<Record>, leases: Vec<PastLease>) -> History {
+        History {
+            records,
+            lease_histories: BTreeMap::from([("k".to_owned(), leases)]),
+            started_at: Some(at(0)),
+            read_histories_us: 20_000_000,
+            ..History::default()
+        }
+    }
+
+    /// A holds `k` (TTL 10 s) and releases it at 4 s; two waiters (TTL 10 s, `wait_ms`
+    /// 8000) queue behind it, the first sent at 0.1 s, the second at 2 s. The first gets the
+    /// lease at 4 s and releases it at 6 s, when the second gets it; `reversed`, the second
+    /// gets it first. The store's history agrees.
+    pub(crate) fn queue(reversed: bool) -> History {
+        let (w1, w2) = if reversed { (3, 2) } else { (2, 3) };
+        let start = |fence: i64| if fence == 2 { 4000 } else { 6000 };
+        let waiter = |owner: &str, fence: i64| {
+            asked(
+                owner,
+                10,
+                8000,
+                0,
+                AcquireAnswer::Acquired(lease(fence, start(fence), 10_000)),
+            )
+        };
+        let holder_of_2 = if reversed { "w2" } else { "w1" };
+        with_leases(
+            vec![
+                record(
+                    "k",
+                    0,
+                    10,
+                    asked("a", 10, 0, 0, AcquireAnswer::Acquired(lease(1, 0, 10_000))),
+                ),
+                record("k", 100, start(w1) as u64 + 10, waiter("w1", w1)),
+                record("k", 2000, start(w2) as u64 + 10, waiter("w2", w2)),
+                record("k", 3990, 4000, release("a", 1, ReleaseAnswer::Released)),
+                record(
+                    "k",
+                    5990,
+                    6000,
+                    release(holder_of_2, 2, ReleaseAnswer::Released),
+                ),
+            ],
+            vec![
+                PastLease {
+                    released: false,
+                    ..past(3, 6000, None)
+                },
+                past(2, 4000, Some(6000)),
+                past(1, 0, Some(4000)),
+            ],
+        )
+    }
+
+    /// A holds `k` for 1 s with a lock delay of 500 ms and lets it expire (its release at
+    /// 1.3 s is refused); B's lease begins at `b_ms`.
+    pub(crate) fn lock_delay(b_ms: i64) -> History {
+        let b_sent = u64::try_from(b_ms - 5).unwrap();
+        with_leases(
+            vec![
+                record(
+                    "k",
+                    0,
+                    10,
+                    asked("a", 1, 0, 500, AcquireAnswer::Acquired(lease(1, 0, 1000))),
+                ),
+                record(
+                    "k",
+                    1300,
+                    1310,
+                    release("a", 1, ReleaseAnswer::Refused { status: 404 }),
+                ),
+                record(
+                    "k",
+                    b_sent,
+                    b_sent + 10,
+                    acquired("b", lease(2, b_ms, 1000)),
+                ),
+            ],
+            vec![
+                PastLease {
+                    released: false,
+                    ..past(2, b_ms, None)
+                },
+                expired(1, 0, 1000),
+            ],
+        )
+    }
+
+    /// A holds `k` for 1 s, renews it at `renewed_ms` (store time; answered `200`) and
+    /// releases it 100 ms later.
+    pub(crate) fn renewed_at(renewed_ms: i64) -> History {
+        let sent = u64::try_from(renewed_ms - 5).unwrap();
+        let renewed = RenewAnswer::Renewed(lease(1, 0, renewed_ms + 1000));
+        with_leases(
+            vec![
+                record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                record("k", sent, sent + 10, renewal("a", 1, renewed)),
+                record(
+                    "k",
+                    sent + 100,
+                    sent + 110,
+                    release("a", 1, ReleaseAnswer::Released),
+                ),
+            ],
+            vec![past(1, 0, Some(renewed_ms + 100))],
+        )
+    }
+
+    /// A's renewal of fence 1, sent at 0.8 s, whose answer a cut took.
+    pub(crate) fn lost_renewal() -> Record {
+        let why = "cut".to_owned();
+        record(
+            "k",
+            800,
+            1200,
+            renewal("a", 1, RenewAnswer::Unknown { why }),
+        )
+    }
+
+    /// A fault from 1 s to 1.5 s: a kill of `instance`, or (`None`) a cut of every one.
+    pub(crate) fn fault_on(instance: Option<usize>) -> Fault {
+        Fault {
+            from_us: 1_000_000,
+            until_us: 1_500_000,
+            instance,
+        }
+    }
+
+    #[test]
+    fn a_renewal_after_expiry_is_caught() {
+        assert_eq!(violations(&renewed_at(900)), Vec::<String>::new());
+        // Within the stamps' rounding of the expiry: not judged.
+        assert_eq!(violations(&renewed_at(1001)), Vec::<String>::new());
+        let found = violations(&renewed_at(1500));
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].contains("fence 1 was renewed at"), "{found:#?}");
+        assert!(found[0].contains("after it had expired"), "{found:#?}");
+        // A renewal before it whose answer was lost may have extended the lease.
+        let mut lost = renewed_at(1500);
+        lost.records.insert(1, lost_renewal());
+        assert_eq!(violations(&lost), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_lease_inside_the_lock_delay_of_an_expired_one_is_caught() {
+        assert_eq!(violations(&lock_delay(1600)), Vec::<String>::new());
+        let found = violations(&lock_delay(1200));
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0].contains("fence 2 starts at")
+                && found[0].contains("inside the lock delay of fence 1"),
+            "{found:#?}"
+        );
+        // Released, its lease starts no delay.
+        let mut released = lock_delay(1200);
+        released.records[1] = record("k", 900, 910, release("a", 1, ReleaseAnswer::Released));
+        assert_eq!(violations(&released), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_waiter_served_before_one_queued_ahead_is_caught() {
+        assert_eq!(violations(&queue(false)), Vec::<String>::new());
+        let found = violations(&queue(true));
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0].contains("fence 2 went at 4000.0 ms to a request sent at 2000.0 ms, while a waiter sent at 100.0 ms"),
+            "{found:#?}"
+        );
+        // A kill of the first waiter's instance (its ticket may have lapsed), or a cut of
+        // every instance's connections: no conclusion.
+        for instance in [Some(0), None] {
+            let mut killed = queue(true);
+            killed.faults.push(fault_on(instance));
+            assert_eq!(violations(&killed), Vec::<String>::new());
+        }
+        // A kill of another instance proves nothing either way: still caught.
+        let mut other = queue(true);
+        other.faults.push(fault_on(Some(2)));
+        assert_eq!(violations(&other).len(), 1);
+        // Sent within ENQUEUED_WITHIN of each other, either may have queued first.
+        let mut close = queue(true);
+        close.records[2].sent_us = 1_500_000;
+        assert_eq!(violations(&close), Vec::<String>::new());
     }
 
     /// The fair history with the store's history of `k`: fences 1 and 2 released, and
@@ -725,7 +1210,7 @@ mod tests {
         history
     }
 
-    fn release(owner: &str, fence: i64, answer: ReleaseAnswer) -> Op {
+    pub(crate) fn release(owner: &str, fence: i64, answer: ReleaseAnswer) -> Op {
         Op::Release {
             owner: owner.to_owned(),
             fence,
@@ -951,6 +1436,7 @@ mod tests {
         history.faults.push(Fault {
             from_us: 2_000_000,
             until_us: 2_500_000,
+            instance: Some(1),
         });
         assert_eq!(violations(&history), Vec::<String>::new());
     }
@@ -971,6 +1457,34 @@ mod tests {
         assert_eq!(shown_at(1105, 500), Vec::<String>::new());
         assert_found(&shown_at(1105, 1500), "fence 2 was acknowledged as");
         assert_found(&shown_at(1130, 500), "fence 2 was acknowledged as");
+    }
+
+    #[test]
+    fn a_renewed_expiry_is_fair_once_its_owner_has_sent_the_renewal() {
+        // B's lease (fence 2, from 1100 ms, TTL 1 s) inspected at 1130-1140 ms with an
+        // expiry 5 ms later than acknowledged.
+        let shown_with = |renewal_sent_ms: Option<u64>, inspect_sent_ms: u64| {
+            let mut history = fair();
+            history.records[5] = record(
+                "k",
+                inspect_sent_ms,
+                1140,
+                inspected(InspectAnswer::Live(lease(2, 1100, 1005))),
+            );
+            if let Some(sent) = renewal_sent_ms {
+                let renewed = RenewAnswer::Renewed(lease(2, 1100, 1005));
+                history
+                    .records
+                    .push(record("k", sent, sent + 2, renewal("b", 2, renewed)));
+            }
+            violations(&history)
+        };
+        assert_found(&shown_with(None, 1130), "fence 2 was acknowledged as");
+        assert_found(&shown_with(Some(1141), 1130), "fence 2 was acknowledged as");
+        assert_eq!(shown_with(Some(1104), 1130), Vec::<String>::new());
+        // Also by an inspection sent while the acquisition was in flight.
+        assert_eq!(shown_with(Some(1112), 1105), Vec::<String>::new());
+        assert_found(&shown_with(None, 1105), "fence 2 was acknowledged as");
     }
 
     #[test]

@@ -7,11 +7,14 @@
 //! restored (through the test kit's [`Proxy`]; there is no such connection with SQLite), and
 //! workers that pause past their TTL at random. Some acquisitions wait (`wait_ms`), with a
 //! longer TTL, so that a grant nobody receives would keep its resource long enough to be
-//! seen; some of those waiters leave before their wait ends, closing their connection. The
-//! checks are in [`history`].
+//! seen; some of those waiters leave before their wait ends, closing their connection. Some
+//! leases are renewed (some after a pause past their TTL, which must be refused), and some
+//! acquisitions ask for a lock delay. The checks are in [`history`]; [`replay`] replays the
+//! history against the model's transition rules.
 
 pub mod history;
 mod instances;
+pub mod replay;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
@@ -34,7 +37,7 @@ use serde_json::{Value, json};
 
 use self::history::{
     AcquireAnswer, Fault, History, InspectAnswer, Lease, LoggedWrite, Op, PastLease, Record,
-    ReleaseAnswer, Violation, WriteAnswer,
+    ReleaseAnswer, RenewAnswer, Violation, WriteAnswer,
 };
 use self::instances::Instance;
 use crate::app::DemoServer;
@@ -72,6 +75,20 @@ const WAIT_MS: std::ops::Range<u32> = 500..8000;
 const WAITING_TTL_SECONDS: u32 = 10;
 /// Chance that a waiting client leaves before its wait ends (its request times out).
 const DEPART_CHANCE: f64 = 0.3;
+/// Chance that a lease is renewed before its writes; after a pause past its TTL, the chance
+/// is [`PAUSED_RENEW_CHANCE`] (and the renewal must be refused: the lease has expired). The
+/// first pause of a run is always followed by one.
+const RENEW_CHANCE: f64 = 0.25;
+const PAUSED_RENEW_CHANCE: f64 = 0.75;
+/// Chance that a non-waiting acquisition asks for a lock delay; one that will pause past its
+/// TTL (and so let its lease expire, which is when the delay counts) asks more often, but
+/// not always, and never the run's first: a delay keeps the others out while the paused
+/// holder's late writes land, and the run without the guard must still see some land after
+/// a greater fence.
+const LOCK_DELAY_CHANCE: f64 = 0.15;
+const PAUSED_LOCK_DELAY_CHANCE: f64 = 0.3;
+/// A lock delay's `lock_delay_ms`.
+const LOCK_DELAY_MS: std::ops::Range<u32> = 100..800;
 /// Chance that a kill picks an instance holding waiters, when one does.
 const KILL_WAITERS_CHANCE: f64 = 0.75;
 /// Longest a request may take; past it, its answer is unknown.
@@ -89,6 +106,9 @@ pub struct Summary {
     pub pauses: u64,
     pub stale_writes_rejected: usize,
     pub violations: Vec<Violation>,
+    /// Steps of the history the model's transition rules cannot explain ([`replay`]): the
+    /// first of each resource's history that has one.
+    pub unexplained: Vec<replay::Unexplained>,
 }
 
 impl Summary {
@@ -99,12 +119,18 @@ impl Summary {
     /// The report's last line.
     pub fn last_line(&self) -> String {
         format!(
-            "chaos: {} operations, {} faults, {} stale writes rejected, {} violations",
+            "chaos: {} operations, {} faults, {} stale writes rejected, {} violations, {} unexplained by the model",
             self.operations,
             self.faults(),
             self.stale_writes_rejected,
-            self.violations.len()
+            self.violations.len(),
+            self.unexplained.len()
         )
+    }
+
+    /// No violation, and every step explained by the model.
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty() && self.unexplained.is_empty()
     }
 }
 
@@ -235,6 +261,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
         records,
         faults: faults.spans,
         started_at: Some(started_at),
+        postgres: options.database_url.is_some(),
         ..History::default()
     };
     for resource in resources.iter() {
@@ -254,6 +281,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
         write_history(path, &history.records)?;
         say!("chaos: history written to {}", path.display());
     }
+    let replayed = replay::replay(&history);
     let summary = Summary {
         operations: history.records.len(),
         kills: faults.kills,
@@ -262,6 +290,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
         pauses: pauses.get(),
         stale_writes_rejected: history.stale_writes_rejected(),
         violations: history.check(),
+        unexplained: replayed.unexplained.clone(),
     };
     say!("{}", operations_line(&history.records));
     say!("{}", waiting_line(&history.records));
@@ -276,22 +305,35 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<Summary> {
         },
         summary.pauses
     );
-    for v in summary.violations.iter().take(SHOWN_VIOLATIONS) {
-        say!("chaos: VIOLATION: {v}");
-    }
-    if summary.violations.len() > SHOWN_VIOLATIONS {
-        say!(
-            "chaos: ... and {} more violations",
-            summary.violations.len() - SHOWN_VIOLATIONS
-        );
-    }
-    if !summary.violations.is_empty() {
+    say_some("VIOLATION", "violations", &summary.violations);
+    say_some(
+        "UNEXPLAINED",
+        "steps the model cannot explain",
+        &summary.unexplained,
+    );
+    if !summary.passed() {
         // The instances' logs are kept for the post-mortem.
         let kept = scratch.keep();
         say!("chaos: lease server logs kept in {}", kept.display());
     }
+    say!("{}", replayed.line());
+    say!("{}", mix_line(&history.records));
     say!("{}", summary.last_line());
     Ok(summary)
+}
+
+/// Prints the first [`SHOWN_VIOLATIONS`] of `items`, each after `label`, and how many more
+/// `kind` there are.
+fn say_some<T: std::fmt::Display>(label: &str, kind: &str, items: &[T]) {
+    for item in items.iter().take(SHOWN_VIOLATIONS) {
+        say!("chaos: {label}: {item}");
+    }
+    if items.len() > SHOWN_VIOLATIONS {
+        say!(
+            "chaos: ... and {} more {kind}",
+            items.len() - SHOWN_VIOLATIONS
+        );
+    }
 }
 
 async fn demo_store(file: &std::path::Path, guarding: Guarding) -> anyhow::Result<DemoServer> {
@@ -380,7 +422,7 @@ async fn inject_faults(
         let cut_turn = proxy.is_some() && turn % 2 == 1;
         turn += 1;
         let from_us = micros_since(start);
-        if let (true, Some(proxy)) = (cut_turn, proxy) {
+        let instance = if let (true, Some(proxy)) = (cut_turn, proxy) {
             let down = Duration::from_millis(rng.random_range(200..1500));
             proxy.cut();
             tokio::time::sleep(down).await;
@@ -391,6 +433,7 @@ async fn inject_faults(
                 secs(start),
                 down.as_millis()
             );
+            None
         } else {
             let holding: Vec<usize> = {
                 let waiting = waiting.borrow();
@@ -421,11 +464,13 @@ async fn inject_faults(
                 down.as_millis(),
                 restarted.elapsed().as_millis()
             );
-        }
+            Some(i)
+        };
         // Until the instance was ready again, or the connections were restored.
         faults.spans.push(Fault {
             from_us,
             until_us: micros_since(start),
+            instance,
         });
         let rest = Duration::from_millis(rng.random_range(300..1200));
         tokio::time::sleep(rest.min(deadline.saturating_duration_since(Instant::now()))).await;
@@ -466,14 +511,31 @@ struct Wait {
     depart_after: Option<Duration>,
 }
 
+/// How an acquisition is asked for: waiting or not, with a lock delay or none.
+#[derive(Clone, Copy)]
+struct How {
+    wait: Option<Wait>,
+    lock_delay_ms: u32,
+}
+
+impl How {
+    fn ttl_seconds(self) -> u32 {
+        if self.wait.is_some() {
+            WAITING_TTL_SECONDS
+        } else {
+            TTL_SECONDS
+        }
+    }
+}
+
 impl Worker {
     async fn run(mut self, deadline: Instant) -> Vec<Record> {
         let mut attempt = 0_u64;
         while Instant::now() < deadline {
             let resource = self.pick(&self.resources.clone());
             if self.rng.random_bool(INSPECT_CHANCE) {
-                let server = self.pick(&self.lease_urls.clone());
-                self.inspect(&server, &resource).await;
+                let server = self.pick_server();
+                self.inspect(server, &resource).await;
                 continue;
             }
             let owner = format!("w{}-{attempt}", self.number);
@@ -481,7 +543,7 @@ impl Worker {
             // it does not wait, so that the lease has the short TTL.
             let pauses_now = self.number == 0 && self.pauses.get() == 0;
             attempt += 1;
-            let server = self.pick(&self.lease_urls.clone());
+            let server = self.pick_server();
             let wait = (!pauses_now && self.rng.random_bool(WAIT_CHANCE)).then(|| {
                 let wait_ms = self.rng.random_range(WAIT_MS);
                 let depart_after = self
@@ -493,7 +555,24 @@ impl Worker {
                     depart_after,
                 }
             });
-            let lease = match self.acquire(&server, &resource, &owner, wait).await {
+            // A waiter's lease is not paused on: its TTL is long, and so would the pause be.
+            let pause = pauses_now || (wait.is_none() && self.rng.random_bool(PAUSE_CHANCE));
+            let delay_chance = if pause {
+                PAUSED_LOCK_DELAY_CHANCE
+            } else {
+                LOCK_DELAY_CHANCE
+            };
+            let lock_delay_ms =
+                if wait.is_none() && !pauses_now && self.rng.random_bool(delay_chance) {
+                    self.rng.random_range(LOCK_DELAY_MS)
+                } else {
+                    0
+                };
+            let how = How {
+                wait,
+                lock_delay_ms,
+            };
+            let lease = match self.acquire(server, &resource, &owner, how).await {
                 AcquireAnswer::Acquired(lease) => lease,
                 AcquireAnswer::Held | AcquireAnswer::Departed => {
                     self.nap(5..30).await;
@@ -504,8 +583,7 @@ impl Worker {
                     continue;
                 }
             };
-            // A waiter's lease is not paused on: its TTL is long, and so would the pause be.
-            if pauses_now || (wait.is_none() && self.rng.random_bool(PAUSE_CHANCE)) {
+            if pause {
                 self.pauses.set(self.pauses.get() + 1);
                 let past = self.rng.random_range(100..500);
                 tokio::time::sleep(
@@ -513,12 +591,23 @@ impl Worker {
                 )
                 .await;
             }
+            let renew_chance = if pause {
+                PAUSED_RENEW_CHANCE
+            } else {
+                RENEW_CHANCE
+            };
+            if pauses_now || self.rng.random_bool(renew_chance) {
+                let server = self.pick_server();
+                let ttl_seconds = how.ttl_seconds();
+                self.renew(server, &resource, &owner, lease.fence, ttl_seconds)
+                    .await;
+            }
             for _ in 0..self.rng.random_range(1..=2) {
                 self.write(&resource, &owner, lease.fence).await;
             }
             self.nap(0..10).await;
-            let server = self.pick(&self.lease_urls.clone());
-            self.release(&server, &resource, &owner, lease.fence).await;
+            let server = self.pick_server();
+            self.release(server, &resource, &owner, lease.fence).await;
         }
         self.records
     }
@@ -529,7 +618,7 @@ impl Worker {
             "{}probe",
             self.resources[0].trim_end_matches(|c: char| c != ':')
         );
-        for server in self.lease_urls.clone().iter() {
+        for server in 0..self.lease_urls.len() {
             for resource in self.resources.clone().iter() {
                 self.inspect(server, resource).await;
             }
@@ -537,13 +626,20 @@ impl Worker {
             loop {
                 tries += 1;
                 let owner = format!("final-{}-{tries}", self.records.len());
-                match self.acquire(server, &probe, &owner, None).await {
+                let how = How {
+                    wait: None,
+                    lock_delay_ms: 0,
+                };
+                match self.acquire(server, &probe, &owner, how).await {
                     AcquireAnswer::Acquired(lease) => {
                         self.release(server, &probe, &owner, lease.fence).await;
                         break;
                     }
                     _ if tries < 50 => self.nap(100..200).await,
-                    other => bail!("no acquisition on {server} after the run: {other:?}"),
+                    other => bail!(
+                        "no acquisition on {} after the run: {other:?}",
+                        self.lease_urls[server]
+                    ),
                 }
             }
         }
@@ -552,6 +648,11 @@ impl Worker {
 
     fn pick(&mut self, from: &[String]) -> String {
         from[self.rng.random_range(0..from.len())].clone()
+    }
+
+    /// A lease-server instance, by its index.
+    fn pick_server(&mut self) -> usize {
+        self.rng.random_range(0..self.lease_urls.len())
     }
 
     async fn nap(&mut self, ms: std::ops::Range<u64>) {
@@ -572,9 +673,10 @@ impl Worker {
         (sent, request.send().await)
     }
 
-    fn record(&mut self, resource: &str, sent_us: u64, op: Op) {
+    fn record(&mut self, resource: &str, instance: Option<usize>, sent_us: u64, op: Op) {
         self.records.push(Record {
             worker: (self.number != usize::MAX).then_some(self.number),
+            instance,
             resource: resource.to_owned(),
             sent_us,
             received_us: self.now(),
@@ -584,21 +686,29 @@ impl Worker {
 
     async fn acquire(
         &mut self,
-        server: &str,
+        instance: usize,
         resource: &str,
         owner: &str,
-        wait: Option<Wait>,
+        how: How,
     ) -> AcquireAnswer {
+        let server = self.lease_urls[instance].clone();
+        let server = server.as_str();
         let mut request = self.http.post(format!("{server}/locks/{resource}"));
-        let (ttl_seconds, wait_ms) = match wait {
-            Some(wait) => (WAITING_TTL_SECONDS, wait.wait_ms),
-            None => (TTL_SECONDS, 0),
-        };
+        let How {
+            wait,
+            lock_delay_ms,
+        } = how;
+        let (ttl_seconds, wait_ms) = (how.ttl_seconds(), wait.map_or(0, |w| w.wait_ms));
         let departs = wait.and_then(|w| w.depart_after);
         if let Some(after) = departs {
             request = request.timeout(after);
         }
-        let body = json!({"owner": owner, "ttl_seconds": ttl_seconds, "wait_ms": wait_ms});
+        let body = json!({
+            "owner": owner,
+            "ttl_seconds": ttl_seconds,
+            "wait_ms": wait_ms,
+            "lock_delay_ms": lock_delay_ms,
+        });
         if wait.is_some() {
             *self
                 .waiting
@@ -639,15 +749,72 @@ impl Worker {
         };
         self.record(
             resource,
+            Some(instance),
             sent,
             Op::Acquire {
                 owner: owner.to_owned(),
                 ttl_seconds,
                 wait_ms,
+                lock_delay_ms,
                 answer: answer.clone(),
             },
         );
         answer
+    }
+
+    async fn renew(
+        &mut self,
+        instance: usize,
+        resource: &str,
+        owner: &str,
+        fence: i64,
+        ttl_seconds: u32,
+    ) {
+        let server = &self.lease_urls[instance];
+        let request = self.http.post(format!("{server}/locks/{resource}/renew"));
+        let body = json!({"owner": owner, "fence": fence, "ttl_seconds": ttl_seconds});
+        let (sent, answer) = self.send(request.json(&body)).await;
+        let answer = match answer {
+            Ok(response) if response.status() == StatusCode::OK => {
+                match response.json::<Value>().await {
+                    Ok(body) => match lease_of(&body["lock"]) {
+                        Some(lease) => RenewAnswer::Renewed(lease),
+                        None => RenewAnswer::Unknown {
+                            why: format!("unreadable lock {body}"),
+                        },
+                    },
+                    Err(e) => RenewAnswer::Unknown { why: e.to_string() },
+                }
+            }
+            Ok(response)
+                if matches!(
+                    response.status(),
+                    StatusCode::NOT_FOUND | StatusCode::CONFLICT
+                ) =>
+            {
+                let status = response.status().as_u16();
+                let body = response.json::<Value>().await.unwrap_or_default();
+                RenewAnswer::Refused {
+                    status,
+                    problem: body["type"].as_str().unwrap_or("?").to_owned(),
+                }
+            }
+            Ok(response) => RenewAnswer::Unknown {
+                why: response.status().to_string(),
+            },
+            Err(e) => RenewAnswer::Unknown { why: e.to_string() },
+        };
+        self.record(
+            resource,
+            Some(instance),
+            sent,
+            Op::Renew {
+                owner: owner.to_owned(),
+                fence,
+                ttl_seconds,
+                answer,
+            },
+        );
     }
 
     async fn write(&mut self, resource: &str, owner: &str, fence: i64) {
@@ -674,6 +841,7 @@ impl Worker {
         };
         self.record(
             resource,
+            None,
             sent,
             Op::Write {
                 owner: owner.to_owned(),
@@ -683,7 +851,8 @@ impl Worker {
         );
     }
 
-    async fn release(&mut self, server: &str, resource: &str, owner: &str, fence: i64) {
+    async fn release(&mut self, instance: usize, resource: &str, owner: &str, fence: i64) {
+        let server = &self.lease_urls[instance];
         let request = self.http.delete(format!("{server}/locks/{resource}"));
         let body = json!({"owner": owner, "fence": fence});
         let (sent, answer) = self.send(request.json(&body)).await;
@@ -697,6 +866,7 @@ impl Worker {
         };
         self.record(
             resource,
+            Some(instance),
             sent,
             Op::Release {
                 owner: owner.to_owned(),
@@ -706,7 +876,8 @@ impl Worker {
         );
     }
 
-    async fn inspect(&mut self, server: &str, resource: &str) {
+    async fn inspect(&mut self, instance: usize, resource: &str) {
+        let server = &self.lease_urls[instance];
         let request = self.http.get(format!("{server}/locks/{resource}"));
         let (sent, answer) = self.send(request).await;
         let answer = match answer {
@@ -729,7 +900,7 @@ impl Worker {
             },
             Err(e) => InspectAnswer::Unknown { why: e.to_string() },
         };
-        self.record(resource, sent, Op::Inspect { answer });
+        self.record(resource, Some(instance), sent, Op::Inspect { answer });
     }
 }
 
@@ -784,6 +955,7 @@ async fn lease_history(
                 acquired_at: time(lease, "acquired_at")
                     .context("a past lease without acquired_at")?,
                 ended_at: time(lease, "ended_at"),
+                released: lease["end"] == json!("released"),
             })
         })
         .collect()
@@ -830,6 +1002,31 @@ fn write_history(path: &std::path::Path, records: &[Record]) -> anyhow::Result<(
     }
     out.flush()?;
     Ok(())
+}
+
+/// The mix of requests: acquisitions (waiting ones among them, and those that asked for a
+/// lock delay), renewals and releases.
+fn mix_line(records: &[Record]) -> String {
+    let (mut acquires, mut waited, mut delays, mut renews, mut releases) = (0, 0, 0, 0, 0);
+    for r in records {
+        match &r.op {
+            Op::Acquire {
+                wait_ms,
+                lock_delay_ms,
+                ..
+            } => {
+                acquires += 1;
+                waited += usize::from(*wait_ms > 0);
+                delays += usize::from(*lock_delay_ms > 0);
+            }
+            Op::Renew { .. } => renews += 1,
+            Op::Release { .. } => releases += 1,
+            Op::Write { .. } | Op::Inspect { .. } => {}
+        }
+    }
+    format!(
+        "chaos: mix: {acquires} acquires ({waited} waited), {renews} renews, {delays} lock delays, {releases} releases"
+    )
 }
 
 /// What the waiting acquisitions came to.
@@ -903,6 +1100,7 @@ mod tests {
             owner: "a".to_owned(),
             ttl_seconds: 1,
             wait_ms: 0,
+            lock_delay_ms: 0,
             answer,
         };
         let write = |answer| Op::Write {
@@ -942,6 +1140,7 @@ mod tests {
             .into_iter()
             .map(|op| Record {
                 worker: None,
+                instance: None,
                 resource: "k".to_owned(),
                 sent_us: 0,
                 received_us: 0,
