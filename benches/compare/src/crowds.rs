@@ -22,7 +22,6 @@ use hyper::{Method, StatusCode};
 use crate::fencelock::{Binary, Server};
 use crate::load::http::HttpClient;
 use crate::plan::Block;
-use crate::process::process_cpu;
 use crate::stats::Percentiles;
 use crate::storage::{Databases, stores_for};
 
@@ -80,7 +79,7 @@ pub async fn run(databases: &Databases, binary: &Binary, only: Option<Block>) ->
             };
             let _ = writeln!(
                 watch_rows,
-                "{name:<11} {:<15} {:>13.1} {:>13.1} {:>13.1} {:>9} {:>10.1}",
+                "{name:<11} {:<15} {:>13.1} {:>13.1} {:>13.1} {:>9} {:>10.1} {:>6} {:>8.2}",
                 afterwards.name(),
                 watches.latency.p50_ms,
                 watches.latency.p99_ms,
@@ -91,6 +90,8 @@ pub async fn run(databases: &Databases, binary: &Binary, only: Option<Block>) ->
                     "NO"
                 },
                 watches.server_us,
+                watches.reads,
+                watches.load,
             );
         }
         server.stop().await?;
@@ -118,8 +119,9 @@ pub async fn run(databases: &Databases, binary: &Binary, only: Option<Block>) ->
         "crowds: {WATCHES} watches of one resource, answered after its release (from the release request;\n\
          bound: p99 <= 100 ms, API.md Watch), the watchers' connections kept until the last answer, then\n\
          closed at once by each watcher answered; server us: the server's CPU from the release to the last\n\
-         answer, per answer\n\n\
-         store       connections     watch p50 ms  watch p99 ms  watch max ms    p99 ok  server us\n\
+         answer, per answer; reads: the store reads (inspections) from the release to the last answer; load:\n\
+         the machine's load average (1 min) at the release\n\n\
+         store       connections     watch p50 ms  watch p99 ms  watch max ms    p99 ok  server us  reads     load\n\
          {watch_rows}\n\
          a burst of {BURST} connections from {SOURCES} loopback addresses, each answered once, then closed\n\
          (bound: RSS <= 50 MB {} s after the close)\n\n\
@@ -134,6 +136,11 @@ struct Watches {
     max_ms: f64,
     /// Server CPU from the release request to the last answer, per answer.
     server_us: f64,
+    /// Store reads from the release to the last answer: the woken watches share their look.
+    reads: u64,
+    /// The 1-minute load average at the release: the cores are shared with whatever else
+    /// runs.
+    load: f64,
 }
 
 /// `WATCHES` watches of `crowd`, its release, and how long after the release request each
@@ -180,7 +187,8 @@ async fn watches(port: u16, pid: u32, afterwards: Afterwards) -> Result<Watches>
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let cpu_before = process_cpu(pid)?;
+    let load = load_average()?;
+    let cpu_before = threads_cpu(pid)?;
     let released = Instant::now();
     let (status, _) = control
         .send(
@@ -201,14 +209,47 @@ async fn watches(port: u16, pid: u32, afterwards: Afterwards) -> Result<Watches>
         let since = answered.saturating_duration_since(released);
         after_us.push(u32::try_from(since.as_micros()).unwrap_or(u32::MAX));
     }
-    let server = process_cpu(pid)?.saturating_sub(cpu_before);
+    let server = threads_cpu(pid)?.saturating_sub(cpu_before);
+    let reads = inspections(&mut control).await? - (inspections_before + WATCHES as f64);
     drop(kept);
     let max_ms = after_us.iter().copied().max().unwrap_or(0) as f64 / 1000.0;
     Ok(Watches {
         latency: Percentiles::of(&mut after_us).context("no watch answered")?,
         max_ms,
         server_us: server.as_secs_f64() * 1e6 / WATCHES as f64,
+        reads: reads.max(0.0) as u64,
+        load,
     })
+}
+
+/// The CPU time of process `pid`'s threads so far: the sum of the time each has run
+/// (`/proc/PID/task/*/schedstat`, in nanoseconds). `/proc/PID/stat` counts clock ticks,
+/// which round a window's CPU to 2.5 us per answer at `WATCHES` answers. A thread that ends
+/// between two readings is missed: the server's threads outlive a measurement.
+fn threads_cpu(pid: u32) -> Result<Duration> {
+    let mut nanos = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let Ok(schedstat) = std::fs::read_to_string(task?.path().join("schedstat")) else {
+            // Ended since the listing.
+            continue;
+        };
+        let ran = schedstat
+            .split_whitespace()
+            .next()
+            .context("empty schedstat")?;
+        nanos += ran.parse::<u64>().context("malformed schedstat")?;
+    }
+    Ok(Duration::from_nanos(nanos))
+}
+
+/// The 1-minute load average (`/proc/loadavg`).
+fn load_average() -> Result<f64> {
+    let loadavg = std::fs::read_to_string("/proc/loadavg")?;
+    Ok(loadavg
+        .split_whitespace()
+        .next()
+        .context("empty /proc/loadavg")?
+        .parse()?)
 }
 
 /// `fencelock_store_seconds_count{op="inspect"}`.
