@@ -950,13 +950,7 @@ pub(crate) mod tests {
     }
 
     fn waited(owner: &str, answer: AcquireAnswer) -> Op {
-        Op::Acquire {
-            owner: owner.to_owned(),
-            ttl_seconds: 1,
-            wait_ms: 0,
-            lock_delay_ms: 0,
-            answer,
-        }
+        asked(owner, 1, 0, 0, answer)
     }
 
     pub(crate) fn past(fence: i64, from_ms: i64, ended_ms: Option<i64>) -> PastLease {
@@ -992,6 +986,14 @@ pub(crate) mod tests {
             fence,
             ttl_seconds: 1,
             answer,
+        }
+    }
+
+    /// A lease of the store's history that has not ended.
+    pub(crate) fn live(fence: i64, from_ms: i64) -> PastLease {
+        PastLease {
+            released: false,
+            ..past(fence, from_ms, None)
         }
     }
 
@@ -1052,10 +1054,7 @@ pub(crate) mod tests {
                 ),
             ],
             vec![
-                PastLease {
-                    released: false,
-                    ..past(3, 6000, None)
-                },
+                live(3, 6000),
                 past(2, 4000, Some(6000)),
                 past(1, 0, Some(4000)),
             ],
@@ -1087,13 +1086,7 @@ pub(crate) mod tests {
                     acquired("b", lease(2, b_ms, 1000)),
                 ),
             ],
-            vec![
-                PastLease {
-                    released: false,
-                    ..past(2, b_ms, None)
-                },
-                expired(1, 0, 1000),
-            ],
+            vec![live(2, b_ms), expired(1, 0, 1000)],
         )
     }
 

@@ -850,8 +850,8 @@ impl<'h> Replay<'h> {
 #[cfg(test)]
 mod tests {
     use super::super::history::tests::{
-        acquired, asked, expired, fault_on, lease, lock_delay, lost_renewal, past, queue, record,
-        release, renewal, renewed_at, with_leases,
+        acquired, asked, expired, fault_on, lease, live, lock_delay, lost_renewal, past, queue,
+        record, release, renewal, renewed_at, with_leases,
     };
     use super::super::history::{PastLease, ReleaseAnswer, RenewAnswer};
     use super::*;
@@ -941,10 +941,7 @@ mod tests {
                     record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
                     record("k", sent_ms, sent_ms + 10, renewal("a", 1, answer)),
                 ],
-                vec![PastLease {
-                    released: false,
-                    ..expired(1, 0, 1000)
-                }],
+                vec![expired(1, 0, 1000)],
             )
         };
         // Its flight (with the placement slack) reaches past the expiry: explained.
@@ -1037,14 +1034,7 @@ mod tests {
                         acquired("b", lease(3, b_ms, 1000)),
                     ),
                 ],
-                vec![
-                    PastLease {
-                        released: false,
-                        ..past(3, b_ms, None)
-                    },
-                    expired(2, 1000, 2000),
-                    past(1, 0, Some(995)),
-                ],
+                vec![live(3, b_ms), expired(2, 1000, 2000), past(1, 0, Some(995))],
             )
         };
         assert_eq!(unexplained(&history(2000)), Vec::<String>::new());
