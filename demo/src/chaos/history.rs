@@ -1097,7 +1097,7 @@ pub(crate) mod tests {
         let renewed = RenewAnswer::Renewed(lease(1, 0, renewed_ms + 1000));
         with_leases(
             vec![
-                record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                a_acquires(),
                 record("k", sent, sent + 10, renewal("a", 1, renewed)),
                 record(
                     "k",
@@ -1111,6 +1111,11 @@ pub(crate) mod tests {
     }
 
     /// A's renewal of fence 1, sent at 0.8 s, whose answer a cut took.
+    /// A acquires `k` at 0 for 1 s with fence 1 (answered at 10 ms).
+    pub(crate) fn a_acquires() -> Record {
+        record("k", 0, 10, acquired("a", lease(1, 0, 1000)))
+    }
+
     pub(crate) fn lost_renewal() -> Record {
         let why = "cut".to_owned();
         record(
@@ -1237,7 +1242,7 @@ pub(crate) mod tests {
     fn fair() -> History {
         History {
             records: vec![
-                record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                a_acquires(),
                 record("k", 10, 20, write(1, WriteAnswer::Applied)),
                 record("k", 1100, 1110, acquired("b", lease(2, 1100, 1000))),
                 record("k", 1110, 1120, write(2, WriteAnswer::Applied)),
