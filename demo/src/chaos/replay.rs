@@ -853,7 +853,7 @@ mod tests {
         a_acquires, acquired, asked, expired, fault_on, lease, live, lock_delay, lost_renewal,
         past, queue, record, release, renewal, renewed_at, with_leases,
     };
-    use super::super::history::{PastLease, ReleaseAnswer, RenewAnswer};
+    use super::super::history::{ReleaseAnswer, RenewAnswer};
     use super::*;
 
     fn unexplained(history: &History) -> Vec<String> {
