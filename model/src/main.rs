@@ -25,6 +25,16 @@ handover-skips-queue, handover-to-departed, renew-revives-expired, lock-delay-ig
 model).
 Exits 1 when a property fails (its counterexample is printed).";
 
+/// The flags only the actor model takes, and those only the queue model takes.
+const ACTOR_FLAGS: [&str; 4] = ["--workers", "--attempts", "--lossy", "--no-crashes"];
+const QUEUE_FLAGS: [&str; 5] = [
+    "--clients",
+    "--resources",
+    "--wait",
+    "--lock-delay",
+    "--sqlite",
+];
+
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
         Ok(code) => code,
@@ -46,13 +56,12 @@ fn run(args: Vec<String>) -> Result<ExitCode, String> {
     let (mut actor_flag, mut queue_flag) = (false, false);
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
+        actor_flag |= ACTOR_FLAGS.contains(&flag.as_str());
+        queue_flag |= QUEUE_FLAGS.contains(&flag.as_str());
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--depth" => depth = Some(number(&value()?)?),
-            "--workers" => {
-                actor_flag = true;
-                cfg.workers = number(&value()?)?;
-            }
+            "--workers" => cfg.workers = number(&value()?)?,
             "--ttl" => {
                 cfg.ttl = number(&value()?)?;
                 queue.ttl = cfg.ttl.into();
@@ -61,41 +70,17 @@ fn run(args: Vec<String>) -> Result<ExitCode, String> {
                 cfg.max_time = number(&value()?)?;
                 queue.max_time = cfg.max_time.into();
             }
-            "--attempts" => {
-                actor_flag = true;
-                cfg.attempts = number(&value()?)?;
-            }
-            "--clients" => {
-                queue_flag = true;
-                queue.clients = number(&value()?)?;
-            }
-            "--resources" => {
-                queue_flag = true;
-                queue.resources = number(&value()?)?;
-            }
-            "--wait" => {
-                queue_flag = true;
-                queue.wait = number(&value()?)?;
-            }
-            "--lock-delay" => {
-                queue_flag = true;
-                queue.lock_delay = number(&value()?)?;
-            }
-            "--sqlite" => {
-                queue_flag = true;
-                queue.rules = Rules::SQLITE;
-            }
+            "--attempts" => cfg.attempts = number(&value()?)?,
+            "--clients" => queue.clients = number(&value()?)?,
+            "--resources" => queue.resources = number(&value()?)?,
+            "--wait" => queue.wait = number(&value()?)?,
+            "--lock-delay" => queue.lock_delay = number(&value()?)?,
+            "--sqlite" => queue.rules = Rules::SQLITE,
             "--threads" => threads = number(&value()?)?,
             "--variant" => variant = value()?,
             "--model" => only = Some(value()?),
-            "--lossy" => {
-                actor_flag = true;
-                cfg.lossy = true;
-            }
-            "--no-crashes" => {
-                actor_flag = true;
-                cfg.server_crashes = false;
-            }
+            "--lossy" => cfg.lossy = true,
+            "--no-crashes" => cfg.server_crashes = false,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(ExitCode::SUCCESS);

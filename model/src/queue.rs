@@ -98,6 +98,18 @@ pub enum Client {
     },
 }
 
+impl Client {
+    /// The resource and ticket of a waiting client.
+    fn waiting(&self) -> Option<(u8, Ticket)> {
+        match *self {
+            Client::Waiting {
+                resource, ticket, ..
+            } => Some((resource, ticket)),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct QueueState {
     pub now: Time,
@@ -350,23 +362,13 @@ impl Model for QueueModel {
                 };
             }
             QueueAction::Attempt { client } => {
-                let Client::Waiting {
-                    resource, ticket, ..
-                } = state.clients[client_of(client)]
-                else {
-                    return None;
-                };
+                let (resource, ticket) = state.clients[client_of(client)].waiting()?;
                 if let Some(fence) = self.acquire(&mut state, client, resource, Some(ticket)) {
                     state.clients[client_of(client)] = Client::Holding { resource, fence };
                 }
             }
             QueueAction::Leave { client } => {
-                let Client::Waiting {
-                    resource, ticket, ..
-                } = state.clients[client_of(client)]
-                else {
-                    return None;
-                };
+                let (resource, ticket) = state.clients[client_of(client)].waiting()?;
                 state.clients[client_of(client)] = match state.store.leave(&resource, ticket, now) {
                     LeaveOutcome::Claimed { fence, .. } => Client::Holding { resource, fence },
                     LeaveOutcome::Left | LeaveOutcome::NotQueued => Client::Idle,

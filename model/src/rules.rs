@@ -777,6 +777,20 @@ mod tests {
         }
     }
 
+    fn with_delay(owner: &'static str, ttl: Time, lock_delay: Time) -> Acquire<&'static str> {
+        Acquire {
+            lock_delay,
+            ..req(owner, ttl)
+        }
+    }
+
+    /// Whether `request` for "r" at `now` is granted.
+    fn grants(s: &mut S, rules: &Rules, request: &Acquire<&'static str>, now: Time) -> bool {
+        s.acquire(rules, &"r", request, now, Number::Next)
+            .unwrap()
+            .is_granted()
+    }
+
     fn granted(fence: Fence, how: How, at: Time, until: Time) -> AcquireOutcome {
         AcquireOutcome::Granted {
             how,
@@ -1066,21 +1080,13 @@ mod tests {
             Ok(granted(3, How::TakenOver, 9, 14))
         );
         // Queue empty: anyone.
-        assert!(
-            s.acquire(&LITE, &"r", &req("x", 5), 14, Number::Next)
-                .unwrap()
-                .is_granted()
-        );
+        assert!(grants(&mut s, &LITE, &req("x", 5), 14));
     }
 
     #[test]
     fn the_live_holder_reacquires_past_the_queue_but_not_after_expiry() {
         let mut s = two_waiters();
-        assert!(
-            s.acquire(&PG, &"r", &req("a", 10), 5, Number::Next)
-                .unwrap()
-                .is_granted()
-        );
+        assert!(grants(&mut s, &PG, &req("a", 10), 5));
         assert_eq!(
             s.acquire(&PG, &"r", &req("a", 10), 15, Number::Next),
             Ok(AcquireOutcome::Queued)
@@ -1095,31 +1101,20 @@ mod tests {
             s.acquire(&PG, &"r", &req("x", 5), 11, Number::Next),
             Ok(AcquireOutcome::Queued)
         );
-        assert!(
-            s.acquire(&PG, &"r", &req("x", 5), 12, Number::Next)
-                .unwrap()
-                .is_granted()
-        );
+        assert!(grants(&mut s, &PG, &req("x", 5), 12));
     }
 
     #[test]
     fn a_broken_waiter_attempt_takes_the_resource_past_live_waiters_ahead() {
         let mut s = two_waiters();
         let skips = LITE.with_broken(Broken::HandoverSkipsQueue);
-        assert!(
-            s.acquire(&skips, &"r", &with_ticket("c", 5, 2), 10, Number::Next)
-                .unwrap()
-                .is_granted()
-        );
+        assert!(grants(&mut s, &skips, &with_ticket("c", 5, 2), 10));
     }
 
     #[test]
     fn a_lock_delay_keeps_other_owners_out_after_expiry_but_not_its_owner() {
         let mut s = S::default();
-        let a = Acquire {
-            lock_delay: 4,
-            ..req("a", 10)
-        };
+        let a = with_delay("a", 10, 4);
         s.acquire(&PG, &"r", &a, 0, Number::Next).unwrap();
         assert_eq!(s.inspect(&"r", 12), Inspection::Delayed { until: 14 });
         assert_eq!(
@@ -1130,37 +1125,17 @@ mod tests {
         );
         assert!(!s.purge(&"r", 13), "a lease inside its delay is kept");
         let ignored = PG.with_broken(Broken::LockDelayIgnored);
-        assert!(
-            s.clone()
-                .acquire(&ignored, &"r", &req("b", 5), 12, Number::Next)
-                .unwrap()
-                .is_granted()
-        );
-        assert!(
-            s.clone()
-                .acquire(&PG, &"r", &req("a", 5), 12, Number::Next)
-                .unwrap()
-                .is_granted()
-        );
-        assert!(
-            s.acquire(&PG, &"r", &req("b", 5), 14, Number::Next)
-                .unwrap()
-                .is_granted()
-        );
+        assert!(grants(&mut s.clone(), &ignored, &req("b", 5), 12));
+        assert!(grants(&mut s.clone(), &PG, &req("a", 5), 12));
+        assert!(grants(&mut s, &PG, &req("b", 5), 14));
     }
 
     #[test]
     fn a_release_starts_no_lock_delay_and_a_hand_over_carries_the_waiters() {
         let mut s = S::default();
-        let a = Acquire {
-            lock_delay: 4,
-            ..req("a", 10)
-        };
+        let a = with_delay("a", 10, 4);
         s.acquire(&PG, &"r", &a, 0, Number::Next).unwrap();
-        let b = Acquire {
-            lock_delay: 3,
-            ..req("b", 5)
-        };
+        let b = with_delay("b", 5, 3);
         s.enqueue(&"r", &b, 50, Number::Next).unwrap();
         s.release(&PG, &"r", &"a", None, 2, Number::Next).unwrap();
         s.acquire(&PG, &"r", &with_ticket("b", 5, 1), 2, Number::Next)

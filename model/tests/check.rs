@@ -4,7 +4,7 @@
 use fencelock_model::properties::{
     EVERY_WORKER_WRITES, FENCE_ORDER, LEASE_ORDER, ONE_HOLDER, STALE_WRITE_REFUSED, UNIQUE_FENCES,
 };
-use fencelock_model::{Config, Finish, Outcome, check};
+use fencelock_model::{Config, Explain, Finish, Outcome, check};
 use stateright::Model as _;
 use stateright::actor::ActorModelAction;
 
@@ -16,8 +16,7 @@ const DEPTH: usize = 10;
 #[test]
 fn fencelock_keeps_every_property_within_the_bounds() {
     let outcome = check(Config::fencelock(), DEPTH, 1, Finish::Exhausted);
-    println!("fencelock: {}", outcome.figures());
-    assert!(outcome.violated.is_empty(), "{}", outcome.counterexamples());
+    assert_no_counterexample("fencelock", &outcome);
     assert!(
         outcome.reached.contains_key(EVERY_WORKER_WRITES),
         "no path within depth {DEPTH} lets every worker write"
@@ -40,8 +39,7 @@ fn fencelock_keeps_every_property_with_three_workers_and_a_lossy_network() {
             ..Config::fencelock()
         };
         let outcome = check(cfg, depth, 1, Finish::Exhausted);
-        println!("{workers} workers, lossy {lossy}: {}", outcome.figures());
-        assert!(outcome.violated.is_empty(), "{}", outcome.counterexamples());
+        assert_no_counterexample(&format!("{workers} workers, lossy {lossy}"), &outcome);
     }
 }
 
@@ -50,16 +48,35 @@ fn counterexample(variant: &str, property: &'static str) -> Outcome {
         .variant(variant)
         .expect("a known variant");
     let outcome = check(cfg, DEPTH, 1, Finish::CounterexampleTo(property));
+    assert_counterexample(variant, &outcome, property, DEPTH);
+    outcome
+}
+
+/// Prints `outcome`'s figures, and asserts that it has no counterexample.
+fn assert_no_counterexample<M: Explain>(name: &str, outcome: &Outcome<M>)
+where
+    M::State: Clone,
+    M::Action: Clone,
+{
+    println!("{name}: {}", outcome.figures());
+    assert!(outcome.violated.is_empty(), "{}", outcome.counterexamples());
+}
+
+/// Prints `outcome`'s figures and counterexamples, and asserts that one is to `property`.
+fn assert_counterexample<M: Explain>(name: &str, outcome: &Outcome<M>, property: &str, depth: usize)
+where
+    M::State: Clone,
+    M::Action: Clone,
+{
     println!(
-        "{variant}: {}\n{}",
+        "{name}: {}\n{}",
         outcome.figures(),
         outcome.counterexamples()
     );
     assert!(
         outcome.violated.contains_key(property),
-        "{variant}: no counterexample to \"{property}\" within depth {DEPTH}"
+        "{name}: no counterexample to \"{property}\" within depth {depth}"
     );
-    outcome
 }
 
 #[test]
@@ -133,8 +150,7 @@ const QUEUE_DEPTH: usize = 9;
 #[test]
 fn the_queue_model_keeps_every_property_on_postgresql_rules() {
     let outcome = check_queue(QueueConfig::fencelock(), QUEUE_DEPTH, 1, Finish::Exhausted);
-    println!("queue, PostgreSQL: {}", outcome.figures());
-    assert!(outcome.violated.is_empty(), "{}", outcome.counterexamples());
+    assert_no_counterexample("queue, PostgreSQL", &outcome);
     assert_eq!(outcome.unreached(), Vec::<&str>::new());
     assert_eq!(
         outcome.depth, QUEUE_DEPTH,
@@ -153,8 +169,7 @@ fn the_queue_model_keeps_every_property_on_sqlite_rules() {
         ..QueueConfig::fencelock()
     };
     let outcome = check_queue(cfg, QUEUE_DEPTH - 1, 1, Finish::Exhausted);
-    println!("queue, SQLite: {}", outcome.figures());
-    assert!(outcome.violated.is_empty(), "{}", outcome.counterexamples());
+    assert_no_counterexample("queue, SQLite", &outcome);
     // SQLite hands nothing over on release: its first waiter takes the lease itself.
     assert!(outcome.reached.contains_key(WAITER_AFTER_EXPIRY));
 }
@@ -162,15 +177,7 @@ fn the_queue_model_keeps_every_property_on_sqlite_rules() {
 fn queue_counterexample(cfg: QueueConfig, property: &'static str) -> Outcome<QueueModel> {
     let name = cfg.rules.broken.map_or("fencelock", Broken::name);
     let outcome = check_queue(cfg, QUEUE_DEPTH, 1, Finish::CounterexampleTo(property));
-    println!(
-        "{name}: {}\n{}",
-        outcome.figures(),
-        outcome.counterexamples()
-    );
-    assert!(
-        outcome.violated.contains_key(property),
-        "no counterexample to \"{property}\" within depth {QUEUE_DEPTH}"
-    );
+    assert_counterexample(name, &outcome, property, QUEUE_DEPTH);
     outcome
 }
 

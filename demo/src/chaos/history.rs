@@ -950,13 +950,7 @@ pub(crate) mod tests {
     }
 
     fn waited(owner: &str, answer: AcquireAnswer) -> Op {
-        Op::Acquire {
-            owner: owner.to_owned(),
-            ttl_seconds: 1,
-            wait_ms: 0,
-            lock_delay_ms: 0,
-            answer,
-        }
+        asked(owner, 1, 0, 0, answer)
     }
 
     pub(crate) fn past(fence: i64, from_ms: i64, ended_ms: Option<i64>) -> PastLease {
@@ -992,6 +986,14 @@ pub(crate) mod tests {
             fence,
             ttl_seconds: 1,
             answer,
+        }
+    }
+
+    /// A lease of the store's history that has not ended.
+    pub(crate) fn live(fence: i64, from_ms: i64) -> PastLease {
+        PastLease {
+            released: false,
+            ..past(fence, from_ms, None)
         }
     }
 
@@ -1052,10 +1054,7 @@ pub(crate) mod tests {
                 ),
             ],
             vec![
-                PastLease {
-                    released: false,
-                    ..past(3, 6000, None)
-                },
+                live(3, 6000),
                 past(2, 4000, Some(6000)),
                 past(1, 0, Some(4000)),
             ],
@@ -1087,13 +1086,7 @@ pub(crate) mod tests {
                     acquired("b", lease(2, b_ms, 1000)),
                 ),
             ],
-            vec![
-                PastLease {
-                    released: false,
-                    ..past(2, b_ms, None)
-                },
-                expired(1, 0, 1000),
-            ],
+            vec![live(2, b_ms), expired(1, 0, 1000)],
         )
     }
 
@@ -1104,7 +1097,7 @@ pub(crate) mod tests {
         let renewed = RenewAnswer::Renewed(lease(1, 0, renewed_ms + 1000));
         with_leases(
             vec![
-                record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                a_acquires(),
                 record("k", sent, sent + 10, renewal("a", 1, renewed)),
                 record(
                     "k",
@@ -1118,6 +1111,11 @@ pub(crate) mod tests {
     }
 
     /// A's renewal of fence 1, sent at 0.8 s, whose answer a cut took.
+    /// A acquires `k` at 0 for 1 s with fence 1 (answered at 10 ms).
+    pub(crate) fn a_acquires() -> Record {
+        record("k", 0, 10, acquired("a", lease(1, 0, 1000)))
+    }
+
     pub(crate) fn lost_renewal() -> Record {
         let why = "cut".to_owned();
         record(
@@ -1244,7 +1242,7 @@ pub(crate) mod tests {
     fn fair() -> History {
         History {
             records: vec![
-                record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                a_acquires(),
                 record("k", 10, 20, write(1, WriteAnswer::Applied)),
                 record("k", 1100, 1110, acquired("b", lease(2, 1100, 1000))),
                 record("k", 1110, 1120, write(2, WriteAnswer::Applied)),

@@ -76,17 +76,21 @@ const WAITING_TTL_SECONDS: u32 = 10;
 /// Chance that a waiting client leaves before its wait ends (its request times out).
 const DEPART_CHANCE: f64 = 0.3;
 /// Chance that a lease is renewed before its writes; after a pause past its TTL, the chance
-/// is [`PAUSED_RENEW_CHANCE`] (and the renewal must be refused: the lease has expired). The
+/// is its `paused` one (and the renewal must be refused: the lease has expired). The
 /// first pause of a run is always followed by one.
-const RENEW_CHANCE: f64 = 0.25;
-const PAUSED_RENEW_CHANCE: f64 = 0.75;
+const RENEW_CHANCE: Chance = Chance {
+    otherwise: 0.25,
+    paused: 0.75,
+};
 /// Chance that a non-waiting acquisition asks for a lock delay; one that will pause past its
 /// TTL (and so let its lease expire, which is when the delay counts) asks more often, but
 /// not always, and never the run's first: a delay keeps the others out while the paused
 /// holder's late writes land, and the run without the guard must still see some land after
 /// a greater fence.
-const LOCK_DELAY_CHANCE: f64 = 0.15;
-const PAUSED_LOCK_DELAY_CHANCE: f64 = 0.3;
+const LOCK_DELAY_CHANCE: Chance = Chance {
+    otherwise: 0.15,
+    paused: 0.3,
+};
 /// A lock delay's `lock_delay_ms`.
 const LOCK_DELAY_MS: std::ops::Range<u32> = 100..800;
 /// Chance that a kill picks an instance holding waiters, when one does.
@@ -512,6 +516,18 @@ struct Wait {
 }
 
 /// How an acquisition is asked for: waiting or not, with a lock delay or none.
+/// A chance that is another when the worker pauses past its TTL.
+struct Chance {
+    otherwise: f64,
+    paused: f64,
+}
+
+impl Chance {
+    fn given(&self, pause: bool) -> f64 {
+        if pause { self.paused } else { self.otherwise }
+    }
+}
+
 #[derive(Clone, Copy)]
 struct How {
     wait: Option<Wait>,
@@ -557,11 +573,7 @@ impl Worker {
             });
             // A waiter's lease is not paused on: its TTL is long, and so would the pause be.
             let pause = pauses_now || (wait.is_none() && self.rng.random_bool(PAUSE_CHANCE));
-            let delay_chance = if pause {
-                PAUSED_LOCK_DELAY_CHANCE
-            } else {
-                LOCK_DELAY_CHANCE
-            };
+            let delay_chance = LOCK_DELAY_CHANCE.given(pause);
             let lock_delay_ms =
                 if wait.is_none() && !pauses_now && self.rng.random_bool(delay_chance) {
                     self.rng.random_range(LOCK_DELAY_MS)
@@ -591,12 +603,7 @@ impl Worker {
                 )
                 .await;
             }
-            let renew_chance = if pause {
-                PAUSED_RENEW_CHANCE
-            } else {
-                RENEW_CHANCE
-            };
-            if pauses_now || self.rng.random_bool(renew_chance) {
+            if pauses_now || self.rng.random_bool(RENEW_CHANCE.given(pause)) {
                 let server = self.pick_server();
                 let ttl_seconds = how.ttl_seconds();
                 self.renew(server, &resource, &owner, lease.fence, ttl_seconds)

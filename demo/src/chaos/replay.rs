@@ -850,10 +850,10 @@ impl<'h> Replay<'h> {
 #[cfg(test)]
 mod tests {
     use super::super::history::tests::{
-        acquired, asked, expired, fault_on, lease, lock_delay, lost_renewal, past, queue, record,
-        release, renewal, renewed_at, with_leases,
+        a_acquires, acquired, asked, expired, fault_on, lease, live, lock_delay, lost_renewal,
+        past, queue, record, release, renewal, renewed_at, with_leases,
     };
-    use super::super::history::{PastLease, ReleaseAnswer, RenewAnswer};
+    use super::super::history::{ReleaseAnswer, RenewAnswer};
     use super::*;
 
     fn unexplained(history: &History) -> Vec<String> {
@@ -865,6 +865,10 @@ mod tests {
     }
 
     /// Asserts that the replay explains all but one step, and that one says `text`.
+    fn assert_explained(history: &History) {
+        assert_eq!(unexplained(history), Vec::<String>::new());
+    }
+
     fn assert_unexplained(history: &History, text: &str) {
         let found = unexplained(history);
         assert_eq!(found.len(), 1, "{found:#?}");
@@ -907,12 +911,12 @@ mod tests {
         // Unless the first waiter's instance was killed meanwhile (its ticket may lapse).
         let mut killed = queue(true);
         killed.faults.push(fault_on(Some(0)));
-        assert_eq!(unexplained(&killed), Vec::<String>::new());
+        assert_explained(&killed);
     }
 
     #[test]
     fn a_grant_inside_a_lock_delay_is_unexplained() {
-        assert_eq!(unexplained(&lock_delay(1600)), Vec::<String>::new());
+        assert_explained(&lock_delay(1600));
         assert_unexplained(
             &lock_delay(1200),
             "the store granted fence 2 to owner b; the rules answer held: inside the lock delay, until 08:00:01.500",
@@ -921,8 +925,8 @@ mod tests {
 
     #[test]
     fn a_renewal_after_expiry_is_unexplained_and_one_at_the_boundary_is_not() {
-        assert_eq!(unexplained(&renewed_at(900)), Vec::<String>::new());
-        assert_eq!(unexplained(&renewed_at(1001)), Vec::<String>::new());
+        assert_explained(&renewed_at(900));
+        assert_explained(&renewed_at(1001));
         assert_unexplained(
             &renewed_at(1500),
             "the store renewed fence 1 of owner a; the rules answer Expired",
@@ -938,17 +942,14 @@ mod tests {
             };
             with_leases(
                 vec![
-                    record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                    a_acquires(),
                     record("k", sent_ms, sent_ms + 10, renewal("a", 1, answer)),
                 ],
-                vec![PastLease {
-                    released: false,
-                    ..expired(1, 0, 1000)
-                }],
+                vec![expired(1, 0, 1000)],
             )
         };
         // Its flight (with the placement slack) reaches past the expiry: explained.
-        assert_eq!(unexplained(&refused(900)), Vec::<String>::new());
+        assert_explained(&refused(900));
         assert_unexplained(
             &refused(100),
             "a renewal of fence 1 by owner a, sent at 100 ms, was answered Refused",
@@ -960,7 +961,7 @@ mod tests {
         let history = || {
             with_leases(
                 vec![
-                    record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                    a_acquires(),
                     record("k", 1490, 1500, release("a", 1, ReleaseAnswer::Released)),
                 ],
                 vec![past(1, 0, Some(1495))],
@@ -972,7 +973,7 @@ mod tests {
         );
         let mut lost = history();
         lost.records.insert(1, lost_renewal());
-        assert_eq!(unexplained(&lost), Vec::<String>::new());
+        assert_explained(&lost);
     }
 
     #[test]
@@ -988,7 +989,7 @@ mod tests {
         };
         // During A's lease, its lock delay, or B's: explained.
         for sent_ms in [500, 1300, 2000] {
-            assert_eq!(unexplained(&refused_at(sent_ms, 0)), Vec::<String>::new());
+            assert_explained(&refused_at(sent_ms, 0));
         }
         // B's lease (1 s, never released) ended at 2.6 s: a refusal at 3 s is not.
         assert_unexplained(
@@ -999,7 +1000,7 @@ mod tests {
         let mut queued = refused_at(3000, 0);
         let waiter = asked("d", 10, 8000, 0, AcquireAnswer::Departed);
         queued.records.push(record("k", 2900, 4000, waiter));
-        assert_eq!(unexplained(&queued), Vec::<String>::new());
+        assert_explained(&queued);
         // Its own wait does not explain itself.
         assert_unexplained(&refused_at(3000, 500), "an acquisition sent at 3000 ms");
     }
@@ -1011,14 +1012,14 @@ mod tests {
         let refused = |recorded_expiry_ms: i64| {
             with_leases(
                 vec![
-                    record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                    a_acquires(),
                     lost_renewal(),
                     record("k", 1500, 1510, asked("c", 1, 0, 0, AcquireAnswer::Held)),
                 ],
                 vec![expired(1, 0, recorded_expiry_ms)],
             )
         };
-        assert_eq!(unexplained(&refused(2000)), Vec::<String>::new());
+        assert_explained(&refused(2000));
         assert_unexplained(&refused(1000), "an acquisition sent at 1500 ms");
     }
 
@@ -1028,7 +1029,7 @@ mod tests {
         let history = |b_ms: i64| {
             with_leases(
                 vec![
-                    record("k", 0, 10, acquired("a", lease(1, 0, 1000))),
+                    a_acquires(),
                     record("k", 990, 1000, release("a", 1, ReleaseAnswer::Released)),
                     record(
                         "k",
@@ -1037,17 +1038,10 @@ mod tests {
                         acquired("b", lease(3, b_ms, 1000)),
                     ),
                 ],
-                vec![
-                    PastLease {
-                        released: false,
-                        ..past(3, b_ms, None)
-                    },
-                    expired(2, 1000, 2000),
-                    past(1, 0, Some(995)),
-                ],
+                vec![live(3, b_ms), expired(2, 1000, 2000), past(1, 0, Some(995))],
             )
         };
-        assert_eq!(unexplained(&history(2000)), Vec::<String>::new());
+        assert_explained(&history(2000));
         assert_unexplained(
             &history(1500),
             "the store granted fence 3 to owner b; the rules answer held (the replay's lease: fence 2 of the unseen requester of fence 2",
