@@ -14,7 +14,7 @@ use crate::load::{self, LoadResult, Pattern, Timing};
 use crate::machine::{Machine, SyncRate, fdatasync_rate};
 use crate::plan::{Block, Row, Side, StoreKey, rows};
 use crate::process::CpuUse;
-use crate::reference::pgbench::{Pgbench, PgbenchResult};
+use crate::reference::pgbench::{Pgbench, PgbenchResult, Script};
 use crate::reference::redis::RedisProgram;
 use crate::stats::Percentiles;
 use crate::storage::{Databases, Store, connect};
@@ -188,6 +188,19 @@ pub async fn run(
     }
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs)?;
+    if let Some(pgbench) = &mut pgbench {
+        let url = databases
+            .create(&format!("fencelock_bench_{pid}_bounds"))
+            .await?;
+        binary
+            .migrate(
+                &Store::Postgres { url: url.clone() },
+                &logs.join("migrate-bounds.log"),
+            )
+            .await
+            .context("migrating the bounds' database")?;
+        pgbench.bounds_on(url);
+    }
     for (key, store) in &stores {
         binary
             .migrate(store, &logs.join(format!("migrate-{key:?}.log")))
@@ -337,6 +350,7 @@ impl Bench<'_> {
             Side::Baseline(store) => self.baseline(store).is_some(),
             Side::Pgbench => self.pgbench.is_some(),
             Side::Redis => self.redis.is_some(),
+            Side::Bound(_) => self.pgbench.is_some_and(Pgbench::runs_bounds),
         }
     }
 
@@ -392,20 +406,23 @@ impl Bench<'_> {
                 self.fencelock(binary, store, &log, pattern, connections)
                     .await
             }
-            Side::Pgbench => {
-                let pgbench = self.pgbench.context("pgbench is not installed")?;
-                let result = pgbench
-                    .run(
-                        pattern,
-                        connections,
-                        self.settings.seconds,
-                        &format!("run-{:03}", self.seq),
-                    )
-                    .await?;
-                Ok(pgbench_figures(result, pattern))
-            }
+            Side::Pgbench => self.pgbench(Script::Reference(pattern), connections).await,
+            Side::Bound(bound) => self.pgbench(Script::Bound(bound), connections).await,
             Side::Redis => self.redis(connections).await,
         }
+    }
+
+    async fn pgbench(&self, script: Script, connections: usize) -> anyhow::Result<Figures> {
+        let pgbench = self.pgbench.context("pgbench is not installed")?;
+        let result = pgbench
+            .run(
+                script,
+                connections,
+                self.settings.seconds,
+                &format!("run-{:03}", self.seq),
+            )
+            .await?;
+        Ok(pgbench_figures(result, script))
     }
 
     /// One run of `binary` serving `store`, its log in `log`.
@@ -521,12 +538,12 @@ pub fn load_figures(mut result: LoadResult, pattern: Pattern, rss: Option<u64>) 
     }
 }
 
-fn pgbench_figures(mut result: PgbenchResult, pattern: Pattern) -> Figures {
+fn pgbench_figures(mut result: PgbenchResult, script: Script) -> Figures {
     let latency = Percentiles::of(&mut result.transaction_us);
     Figures {
-        rate: match pattern {
-            Pattern::Cycles => result.tps,
-            Pattern::Hot => result.won_per_second(),
+        rate: match script {
+            Script::Reference(Pattern::Hot) => result.won_per_second(),
+            Script::Reference(Pattern::Cycles) | Script::Bound(_) => result.tps,
         },
         won_fraction: if result.transactions == 0 {
             0.0

@@ -7,6 +7,7 @@
 //! side alike.
 
 use crate::load::Pattern;
+use crate::reference::pgbench::Bound;
 
 /// A store the lease server runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,6 +67,8 @@ pub enum Side {
     Pgbench,
     /// Redis with `appendfsync always`.
     Redis,
+    /// pgbench running a bound: fencelock's writes, straight to the database.
+    Bound(Bound),
 }
 
 impl Side {
@@ -78,6 +81,7 @@ impl Side {
             (Self::Pgbench, Pattern::Cycles) => "pgbench, script A".to_owned(),
             (Self::Pgbench, Pattern::Hot) => "pgbench, script B".to_owned(),
             (Self::Redis, _) => "Redis, appendfsync always".to_owned(),
+            (Self::Bound(bound), _) => format!("pgbench, bounds/{}", bound.file()),
         }
     }
 }
@@ -112,6 +116,10 @@ impl Row {
     }
 }
 
+/// What the database alone does with fencelock's writes, run beside the PostgreSQL store and
+/// script A at every connection count: the rows alone, and `fencelock_apply` alone.
+pub const BOUNDS: [Side; 2] = [Side::Bound(Bound::Rows), Side::Bound(Bound::Apply)];
+
 /// The connection counts every store is measured at.
 pub const CONNECTIONS: [usize; 3] = [1, 16, 64];
 /// Where the hot-resource and the many-leases comparisons are made.
@@ -123,12 +131,18 @@ pub fn rows(only: Option<Block>, baseline: bool) -> Vec<Row> {
     use StoreKey::{Postgres, PostgresLoaded, Sqlite, SqliteLoaded};
     let mut rows = Vec::new();
     if only.is_none_or(|b| b == Block::Postgres) {
-        rows.extend(cycle_rows(
-            Block::Postgres,
-            (Postgres, PostgresLoaded),
-            Side::Pgbench,
-            baseline,
-        ));
+        rows.extend(
+            cycle_rows(
+                Block::Postgres,
+                (Postgres, PostgresLoaded),
+                Side::Pgbench,
+                baseline,
+            )
+            .map(|mut row| {
+                row.sides.extend(BOUNDS);
+                row
+            }),
+        );
         rows.push(Row {
             block: Block::Postgres,
             pattern: Pattern::Hot,
@@ -220,6 +234,19 @@ mod tests {
                     .count(),
                 1
             );
+        }
+    }
+
+    #[test]
+    fn the_bounds_run_beside_every_postgresql_cycles_row_only() {
+        for row in rows(None, false) {
+            let bounds = row.sides.iter().filter(|s| BOUNDS.contains(s)).count();
+            let expected = if row.block == Block::Postgres && row.pattern == Pattern::Cycles {
+                BOUNDS.len()
+            } else {
+                0
+            };
+            assert_eq!(bounds, expected, "{}", row.describe());
         }
     }
 

@@ -10,6 +10,11 @@
 //! lives 30 s, so nobody else can take it over in between). The same count on script A,
 //! against its transactions, shows the reasoning holds (nearly every cycle wins there).
 //! Latency is pgbench's per-transaction log (`--log`): one cycle.
+//!
+//! The bounds (`benches/reference/bounds/`) run on a database of fencelock's own schema, set
+//! up by the benchmarked build's `fencelock migrate`: what the database alone does with
+//! fencelock's writes, with no server in front of it. A bound's release ends its lease row
+//! rather than deleting it, so its won acquisitions are the rows it ended as released.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -24,11 +29,49 @@ const SCHEMA: &str = include_str!("../../../reference/schema.sql");
 const SCRIPT_A: &str = include_str!("../../../reference/script_a_upsert_10k.sql");
 const SCRIPT_B: &str = include_str!("../../../reference/script_b_upsert_hot10.sql");
 
+/// What one pgbench run executes, and on which database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Script {
+    /// The reference script of a pattern (A for cycles, B for hot), on the reference schema.
+    Reference(Pattern),
+    /// A bound, on fencelock's own schema.
+    Bound(Bound),
+}
+
+/// A script of `benches/reference/bounds/`: fencelock's writes, sent by pgbench straight to
+/// the database, one acquire and one release per transaction over 10,000 resources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Bound {
+    /// `rows_1.sql`: the lease row appended and ended by plain statements, nothing else.
+    Rows,
+    /// `apply_1.sql`: each request one call of `fencelock_apply`, as a batch of one.
+    Apply,
+}
+
+impl Bound {
+    pub fn file(self) -> &'static str {
+        match self {
+            Self::Rows => "rows_1.sql",
+            Self::Apply => "apply_1.sql",
+        }
+    }
+
+    fn text(self) -> &'static str {
+        match self {
+            Self::Rows => include_str!("../../../reference/bounds/rows_1.sql"),
+            Self::Apply => include_str!("../../../reference/bounds/apply_1.sql"),
+        }
+    }
+}
+
 pub struct Pgbench {
     program: PathBuf,
     pub version: String,
     /// The reference database, made from the schema.
     url: String,
+    /// The database of fencelock's schema the bounds run on, once [`Pgbench::bounds_on`] set
+    /// it.
+    bounds_url: Option<String>,
     /// Where the scripts and each run's transaction logs are written.
     dir: PathBuf,
 }
@@ -78,31 +121,50 @@ impl Pgbench {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("script_a_upsert_10k.sql"), SCRIPT_A)?;
         std::fs::write(dir.join("script_b_upsert_hot10.sql"), SCRIPT_B)?;
+        for bound in [Bound::Rows, Bound::Apply] {
+            std::fs::write(dir.join(bound.file()), bound.text())?;
+        }
         Ok(Some(Self {
             program,
             version,
             url,
+            bounds_url: None,
             dir: dir.to_owned(),
         }))
     }
 
-    /// Runs the script of `pattern` with `clients` clients for `seconds` (pgbench's `-T`,
-    /// whole seconds); `run` names this run's log directory.
+    /// Runs the bounds on `url`, a database the benchmarked build has migrated.
+    pub fn bounds_on(&mut self, url: String) {
+        self.bounds_url = Some(url);
+    }
+
+    pub fn runs_bounds(&self) -> bool {
+        self.bounds_url.is_some()
+    }
+
+    /// Runs `script` with `clients` clients for `seconds` (pgbench's `-T`, whole seconds);
+    /// `run` names this run's log directory.
     pub async fn run(
         &self,
-        pattern: Pattern,
+        script: Script,
         clients: usize,
         seconds: u64,
         run: &str,
     ) -> anyhow::Result<PgbenchResult> {
-        self.reset().await?;
-        let deletes_before = self.settled_deletes().await?;
+        let (url, file) = match script {
+            Script::Reference(Pattern::Cycles) => (&self.url, "script_a_upsert_10k.sql"),
+            Script::Reference(Pattern::Hot) => (&self.url, "script_b_upsert_hot10.sql"),
+            Script::Bound(bound) => (
+                self.bounds_url
+                    .as_ref()
+                    .context("no database is set up for the bounds")?,
+                bound.file(),
+            ),
+        };
+        reset(url).await?;
+        let won_before = won(url, script).await?;
         let logs = self.dir.join(run);
         std::fs::create_dir_all(&logs)?;
-        let script = match pattern {
-            Pattern::Cycles => "script_a_upsert_10k.sql",
-            Pattern::Hot => "script_b_upsert_hot10.sql",
-        };
         let mut command = tokio::process::Command::new(&self.program);
         command
             .args(["-n", "-M", "prepared"])
@@ -110,13 +172,13 @@ impl Pgbench {
             .args(["-j", &clients.min(2).to_string()])
             .args(["-T", &seconds.to_string()])
             .arg("-f")
-            .arg(self.dir.join(script))
+            .arg(self.dir.join(file))
             .arg("--log")
             .arg(format!(
                 "--log-prefix={}",
                 logs.join("pgbench_log").display()
             ))
-            .arg(&self.url)
+            .arg(url)
             .stdin(std::process::Stdio::null())
             .process_group(0)
             .kill_on_drop(true);
@@ -135,7 +197,7 @@ impl Pgbench {
         }
         let summary = parse_summary(&stdout)?;
         let transaction_us = read_latency_logs(&logs)?;
-        let won = u64::try_from(self.settled_deletes().await? - deletes_before)?;
+        let won = u64::try_from(won(url, script).await? - won_before)?;
         std::fs::remove_dir_all(&logs)?;
         Ok(PgbenchResult {
             transactions: summary.transactions,
@@ -146,52 +208,68 @@ impl Pgbench {
             cpu,
         })
     }
+}
 
-    /// Every run starts from an empty, vacuumed table.
-    async fn reset(&self) -> anyhow::Result<()> {
-        let session = connect(&self.url).await?;
-        session.batch_execute("DELETE FROM leases").await?;
-        session.batch_execute("VACUUM (ANALYZE) leases").await?;
-        Ok(())
+/// Every run starts from an empty, vacuumed table.
+async fn reset(url: &str) -> anyhow::Result<()> {
+    let session = connect(url).await?;
+    session.batch_execute("DELETE FROM leases").await?;
+    session.batch_execute("VACUUM (ANALYZE) leases").await?;
+    Ok(())
+}
+
+/// The won acquisitions counted so far on the database of `script`: the deletes on the
+/// reference table, the lease rows ended as released on fencelock's.
+async fn won(url: &str, script: Script) -> anyhow::Result<i64> {
+    match script {
+        Script::Reference(_) => settled_deletes(url).await,
+        Script::Bound(_) => Ok(connect(url)
+            .await?
+            .query_one(
+                "SELECT count(*) FROM leases WHERE end_kind = 'released'",
+                &[],
+            )
+            .await?
+            .get(0)),
     }
+}
 
-    /// The deletes counted on `leases` once every other session of the database has ended
-    /// and the count has stopped moving: a backend reports its counts when it ends, or
-    /// about once a second while it runs.
-    async fn settled_deletes(&self) -> anyhow::Result<i64> {
-        let session = connect(&self.url).await?;
-        let until = Instant::now() + Duration::from_secs(60);
-        let deletes = async || -> anyhow::Result<i64> {
-            Ok(session
-                .query_one(
-                    "SELECT coalesce(max(n_tup_del), 0) FROM pg_stat_user_tables WHERE relname = 'leases'",
-                    &[],
-                )
-                .await?
-                .get(0))
-        };
-        let mut last = None;
-        while Instant::now() < until {
-            let others: i64 = session
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity
-                     WHERE datname = current_database() AND pid <> pg_backend_pid()
-                       AND backend_type = 'client backend'",
-                    &[],
-                )
-                .await?
-                .get(0);
-            if others == 0 {
-                let now = deletes().await?;
-                if last == Some(now) {
-                    return Ok(now);
-                }
-                last = Some(now);
+/// The deletes counted on `leases` once every other session of the database has ended and
+/// the count has stopped moving: a backend reports its counts when it ends, or about once a
+/// second while it runs.
+async fn settled_deletes(url: &str) -> anyhow::Result<i64> {
+    let session = connect(url).await?;
+    let until = Instant::now() + Duration::from_secs(60);
+    let deletes = async || -> anyhow::Result<i64> {
+        Ok(session
+            .query_one(
+                "SELECT coalesce(max(n_tup_del), 0) FROM pg_stat_user_tables WHERE relname = 'leases'",
+                &[],
+            )
+            .await?
+            .get(0))
+    };
+    let mut last = None;
+    while Instant::now() < until {
+        let others: i64 = session
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()
+                   AND backend_type = 'client backend'",
+                &[],
+            )
+            .await?
+            .get(0);
+        if others == 0 {
+            let now = deletes().await?;
+            if last == Some(now) {
+                return Ok(now);
             }
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            last = Some(now);
         }
-        bail!("the delete count on the reference table did not settle within 60 s")
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    bail!("the delete count on the reference table did not settle within 60 s")
 }
 
 #[derive(Debug, PartialEq)]
