@@ -156,29 +156,37 @@ pub enum QueueAction {
     },
 }
 
-pub const ONE_HOLDER: &str = "(b) no grant while another owner's lease is live";
-pub const FENCES_INCREASE: &str = "(c) every new lease's fence is above every fence before";
-pub const FIFO: &str = "(e) waiters are granted in arrival order";
-pub const NOT_DEPARTED: &str = "(f) no grant to a waiter that left or whose deadline passed";
-pub const NO_REVIVAL: &str = "(g) an expired lease is never renewed";
-pub const LOCK_DELAY: &str = "(h) no other owner before an expired lease's lock delay ends";
-/// The `always` properties, in bit order.
-pub const ALWAYS: [&str; 6] = [
-    ONE_HOLDER,
-    FENCES_INCREASE,
-    FIFO,
-    NOT_DEPARTED,
-    NO_REVIVAL,
-    LOCK_DELAY,
-];
+/// Declares each `NAME = "property";` as a `pub const`, and `$list`, every one of them in
+/// the order of their bits in [`QueueState`] (so that a property cannot be left out of it).
+macro_rules! property_names {
+    ($(#[$doc:meta])* $list:ident: $($name:ident = $text:literal;)*) => {
+        $(pub const $name: &str = $text;)*
+        $(#[$doc])*
+        pub const $list: &[&str] = &[$($name),*];
+        const _: () = assert!($list.len() <= 8, "one bit each in a u8");
+    };
+}
 
-pub const HANDED_OVER: &str = "a release hands the lease to a waiter";
-pub const WAITER_AFTER_EXPIRY: &str = "a waiter takes an expired lease with its attempt";
-pub const DELAY_REFUSED: &str = "a lock delay refuses another owner";
-pub const RENEWED: &str = "a lease is renewed";
-/// The `sometimes` properties (sanity: the checked paths include what the rules are for), in
-/// bit order.
-pub const SOMETIMES: [&str; 4] = [HANDED_OVER, WAITER_AFTER_EXPIRY, DELAY_REFUSED, RENEWED];
+property_names! {
+    /// The `always` properties, in bit order.
+    ALWAYS:
+    ONE_HOLDER = "(b) no grant while another owner's lease is live";
+    FENCES_INCREASE = "(c) every new lease's fence is above every fence before";
+    FIFO = "(e) waiters are granted in arrival order";
+    NOT_DEPARTED = "(f) no grant to a waiter that left or whose deadline passed";
+    NO_REVIVAL = "(g) an expired lease is never renewed";
+    LOCK_DELAY = "(h) no other owner before an expired lease's lock delay ends";
+}
+
+property_names! {
+    /// The `sometimes` properties (sanity: the checked paths include what the rules are for),
+    /// in bit order.
+    SOMETIMES:
+    HANDED_OVER = "a release hands the lease to a waiter";
+    WAITER_AFTER_EXPIRY = "a waiter takes an expired lease with its attempt";
+    DELAY_REFUSED = "a lock delay refuses another owner";
+    RENEWED = "a lease is renewed";
+}
 
 fn bit(names: &[&str], name: &str) -> u8 {
     let index = names.iter().position(|n| *n == name).expect("a known name");
@@ -258,7 +266,7 @@ mod judge {
             broken.push(NOT_DEPARTED);
         }
         for name in broken {
-            state.violated |= bit(&ALWAYS, name);
+            state.violated |= bit(ALWAYS, name);
         }
     }
 
@@ -268,7 +276,7 @@ mod judge {
             .and_then(|s| s.lease.as_ref())
             .is_none_or(|l| state.now >= l.expires_at)
         {
-            state.violated |= bit(&ALWAYS, NO_REVIVAL);
+            state.violated |= bit(ALWAYS, NO_REVIVAL);
         }
     }
 }
@@ -385,7 +393,7 @@ impl Model for QueueModel {
                         .renew(&rules, &resource, &client, Some(fence), self.cfg.ttl, now);
                 if let RenewOutcome::Renewed { .. } = outcome {
                     judge::renewed(&mut state, before.as_ref());
-                    state.seen |= bit(&SOMETIMES, RENEWED);
+                    state.seen |= bit(SOMETIMES, RENEWED);
                 } else {
                     state.clients[client_of(client)] = Client::Idle;
                 }
@@ -412,7 +420,7 @@ impl Model for QueueModel {
                         Some(handover.ticket),
                         handover.fence,
                     );
-                    state.seen |= bit(&SOMETIMES, HANDED_OVER);
+                    state.seen |= bit(SOMETIMES, HANDED_OVER);
                 }
                 state.clients[client_of(client)] = Client::Idle;
             }
@@ -520,12 +528,12 @@ impl QueueState {
 
     /// Whether the `always` property `name` has held on the path so far.
     pub fn kept(&self, name: &str) -> bool {
-        self.violated & bit(&ALWAYS, name) == 0
+        self.violated & bit(ALWAYS, name) == 0
     }
 
     /// Whether the `sometimes` property `name` was reached on the path so far.
     pub fn has_seen(&self, name: &str) -> bool {
-        self.seen & bit(&SOMETIMES, name) != 0
+        self.seen & bit(SOMETIMES, name) != 0
     }
 }
 
@@ -556,14 +564,14 @@ impl QueueModel {
                         .and_then(|s| s.lease)
                         .is_some_and(|l| l.owner != client)
                 {
-                    state.seen |= bit(&SOMETIMES, WAITER_AFTER_EXPIRY);
+                    state.seen |= bit(SOMETIMES, WAITER_AFTER_EXPIRY);
                 }
                 Some(fence)
             }
             AcquireOutcome::Held {
                 delayed_until: Some(_),
             } => {
-                state.seen |= bit(&SOMETIMES, DELAY_REFUSED);
+                state.seen |= bit(SOMETIMES, DELAY_REFUSED);
                 None
             }
             AcquireOutcome::Held { .. } | AcquireOutcome::Queued => None,

@@ -1,18 +1,21 @@
 """What a lease knows, whichever client holds it: its fence, its owner secret, the safe
-deadline of its last confirmed grant, and whether it is lost. `Lease` (threads) and
-`AsyncLease` (asyncio) add the renewing and the signalling on top.
+deadline of its last confirmed grant, and whether it is lost; and when its background
+renewal is to try (`Renewals`). `Lease` (threads) and `AsyncLease` (asyncio) add the waiting
+and the signalling on top.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from . import _protocol as wire
 from ._timing import Term
-from .errors import LeaseLost
+from .errors import FencelockError, LeaseLost
 
 log = logging.getLogger("fencelock")
 
@@ -165,3 +168,38 @@ class Release:
                 return
             self._lease._lose(loss.reason)
             raise
+
+
+class Renewals:
+    """The schedule of a lease's background renewal, the same on a thread and in a task: an
+    attempt every third of the granted time; after a failure, retries with backoff until the
+    safe deadline."""
+
+    def __init__(self, lease: LeaseBase) -> None:
+        self._lease = lease
+        self._term = lease._term_now
+        """The grant the next attempt renews, as it was when the wait for it began."""
+        self._wake = self._term.renew_at
+        self._failures = 0
+
+    def pause(self) -> float:
+        """How long to wait for the next attempt: until it is due, or until the safe deadline
+        if that comes first (the lease is then lost)."""
+        self._term = self._lease._term_now
+        return max(min(self._wake, self._term.safe_until) - time.monotonic(), 0)
+
+    @contextlib.contextmanager
+    def attempt(self) -> Iterator[float]:
+        """One attempt, given how long it may take. Its end schedules the next one: after a
+        success, a third of the new grant on; after a failure, a retry. A refusal
+        (`LeaseLost`) goes through: the renewal is over."""
+        try:
+            yield self._term.attempt_timeout(time.monotonic())
+        except LeaseLost:
+            raise
+        except FencelockError as error:
+            self._failures += 1
+            self._wake = self._lease._renewal_failed(self._term, self._failures, error)
+        else:
+            self._failures = 0
+            self._wake = self._lease._term_now.renew_at

@@ -14,7 +14,7 @@ import httpx
 
 from . import _protocol as wire
 from ._base import Acquisition, ClientBase, Granted
-from ._lease import RELEASED, UNCONFIRMED, LeaseBase, log
+from ._lease import RELEASED, UNCONFIRMED, LeaseBase, Renewals, log
 from .errors import FencelockError, LeaseLost, NotAcquired, Unavailable
 
 T = TypeVar("T")
@@ -148,23 +148,15 @@ class AsyncLease(LeaseBase):
     async def _keep_alive(self) -> None:
         """The renewal task (see `Lease._keep_alive`). Cancelled to stop; never raises."""
         try:
-            failures = 0
-            wake = self._term_now.renew_at
+            renewals = Renewals(self)
             while True:
-                term = self._term_now
-                await asyncio.sleep(max(min(wake, term.safe_until) - time.monotonic(), 0))
+                await asyncio.sleep(renewals.pause())
                 if self._lose_if_due():
                     return
-                try:
-                    await self._renew_once(term.attempt_timeout(time.monotonic()))
-                except LeaseLost:
-                    return
-                except FencelockError as error:
-                    failures += 1
-                    wake = self._renewal_failed(term, failures, error)
-                else:
-                    failures = 0
-                    wake = self._term_now.renew_at
+                with renewals.attempt() as timeout:
+                    await self._renew_once(timeout)
+        except LeaseLost:
+            return  # refused: the lease is marked lost already
         except Exception as bug:  # noqa: BLE001 - a task must not die unseen
             self._lose(UNCONFIRMED, f"the renewal task failed: {bug!r}")
 

@@ -13,7 +13,7 @@ import httpx
 
 from . import _protocol as wire
 from ._base import Acquisition, ClientBase, Granted
-from ._lease import RELEASED, UNCONFIRMED, LeaseBase, log
+from ._lease import RELEASED, UNCONFIRMED, LeaseBase, Renewals, log
 from .errors import FencelockError, LeaseLost, NotAcquired, Unavailable
 
 T = TypeVar("T")
@@ -146,25 +146,15 @@ class Lease(LeaseBase):
             self._arm_deadline()
 
     def _keep_alive(self) -> None:
-        """The renewal thread: renews every third of the granted time; retries failures with
-        backoff until the safe deadline. Never raises: every end is a loss or a stop."""
+        """The renewal thread, on the schedule of `Renewals`. Never raises: every end is a
+        loss or a stop."""
         try:
-            failures = 0
-            wake = self._term_now.renew_at
-            while True:
-                term = self._term_now
-                if self._stop.wait(max(min(wake, term.safe_until) - time.monotonic(), 0)) or self._lose_if_due():
-                    return
-                try:
-                    self._renew_once(term.attempt_timeout(time.monotonic()))
-                except LeaseLost:
-                    return
-                except FencelockError as error:
-                    failures += 1
-                    wake = self._renewal_failed(term, failures, error)
-                else:
-                    failures = 0
-                    wake = self._term_now.renew_at
+            renewals = Renewals(self)
+            while not (self._stop.wait(renewals.pause()) or self._lose_if_due()):
+                with renewals.attempt() as timeout:
+                    self._renew_once(timeout)
+        except LeaseLost:
+            return  # refused: the lease is marked lost already
         except BaseException as bug:  # noqa: BLE001 - a thread must not die unseen
             self._lose(UNCONFIRMED, f"the renewal thread failed: {bug!r}")
 
