@@ -7,7 +7,6 @@
 //! side alike.
 
 use crate::load::Pattern;
-use crate::reference::pgbench::Bound;
 
 /// A store the lease server runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -113,6 +112,25 @@ impl Row {
             Pattern::Hot => "hot 10",
         };
         format!("{store} {load} x{}", self.connections)
+    }
+}
+
+/// A script of `benches/reference/bounds/`: fencelock's writes, sent by pgbench straight to
+/// the database, one acquire and one release per transaction over 10,000 resources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Bound {
+    /// `rows_1.sql`: the lease row appended and ended by plain statements, nothing else.
+    Rows,
+    /// `apply_1.sql`: each request one call of `fencelock_apply`, as a batch of one.
+    Apply,
+}
+
+impl Bound {
+    pub fn file(self) -> &'static str {
+        match self {
+            Self::Rows => "rows_1.sql",
+            Self::Apply => "apply_1.sql",
+        }
     }
 }
 

@@ -5,8 +5,7 @@ use std::fmt::Write as _;
 
 use crate::bench::{Figures, LatencyOf, Outcome, Run};
 use crate::load::Pattern;
-use crate::plan::{BUSY, Block, CONNECTIONS, Side, StoreKey, count};
-use crate::reference::pgbench::Bound;
+use crate::plan::{BUSY, Block, Bound, CONNECTIONS, Side, StoreKey, count};
 use crate::stats::{median, range};
 
 /// The report, as printed.

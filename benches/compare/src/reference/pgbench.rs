@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 use crate::load::Pattern;
+use crate::plan::Bound;
 use crate::process::{CpuMeter, CpuUse, children_cpu};
 use crate::storage::{Databases, connect};
 
@@ -38,29 +39,11 @@ pub enum Script {
     Bound(Bound),
 }
 
-/// A script of `benches/reference/bounds/`: fencelock's writes, sent by pgbench straight to
-/// the database, one acquire and one release per transaction over 10,000 resources.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Bound {
-    /// `rows_1.sql`: the lease row appended and ended by plain statements, nothing else.
-    Rows,
-    /// `apply_1.sql`: each request one call of `fencelock_apply`, as a batch of one.
-    Apply,
-}
-
-impl Bound {
-    pub fn file(self) -> &'static str {
-        match self {
-            Self::Rows => "rows_1.sql",
-            Self::Apply => "apply_1.sql",
-        }
-    }
-
-    fn text(self) -> &'static str {
-        match self {
-            Self::Rows => include_str!("../../../reference/bounds/rows_1.sql"),
-            Self::Apply => include_str!("../../../reference/bounds/apply_1.sql"),
-        }
+/// The text of `bound`'s script.
+fn bound_text(bound: Bound) -> &'static str {
+    match bound {
+        Bound::Rows => include_str!("../../../reference/bounds/rows_1.sql"),
+        Bound::Apply => include_str!("../../../reference/bounds/apply_1.sql"),
     }
 }
 
@@ -122,7 +105,7 @@ impl Pgbench {
         std::fs::write(dir.join("script_a_upsert_10k.sql"), SCRIPT_A)?;
         std::fs::write(dir.join("script_b_upsert_hot10.sql"), SCRIPT_B)?;
         for bound in [Bound::Rows, Bound::Apply] {
-            std::fs::write(dir.join(bound.file()), bound.text())?;
+            std::fs::write(dir.join(bound.file()), bound_text(bound))?;
         }
         Ok(Some(Self {
             program,
