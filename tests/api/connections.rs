@@ -32,10 +32,11 @@ const DRIP: Duration = Duration::from_millis(500);
 /// The normal client's p99 latency bound while the slow clients are held. In a debug build
 /// on the 2-core machine, with the server, the slow clients and the normal client (on its
 /// own thread) in this one process, the p99 measured 9-87 ms over 8 runs of these tests
-/// alone, but 107 ms once while the rest of the suite ran beside them: 100 ms is not a stable
-/// bound there. This one still catches a server that stalls behind slow clients (seconds);
-/// the tests print the p99.
-const P99_BOUND: Duration = Duration::from_millis(500);
+/// alone, but 107 ms once while the rest of the suite ran beside them, and 530 ms once with
+/// the suite beside them on a slower 2-core machine: neither 100 nor 500 ms is a stable bound.
+/// This one still catches what the cap is for, a server whose fresh connections stall behind
+/// slow clients (their connects timed out after 10 s); the tests print the p99.
+const P99_BOUND: Duration = Duration::from_secs(2);
 
 async fn app_with_short_timeout(kind: StoreKind) -> TestApp {
     // The test process holds both ends of every connection: make room for them.
