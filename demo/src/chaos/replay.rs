@@ -751,45 +751,35 @@ impl<'h> Replay<'h> {
 
     fn refused(&mut self, at: u64, r: &'h Record) -> Result<(), String> {
         self.report.refusals += 1;
-        // Judged on a copy: a step the rules allow is unexplained, and changes nothing of
-        // what the store did.
-        let mut state = self.state.clone();
-        let (what, owner, fence, answer, allowed) = match &r.op {
+        let (what, owner, fence, answer) = match &r.op {
             Op::Renew {
                 owner,
                 fence,
-                ttl_seconds,
                 answer,
-            } => {
-                let ttl = u64::from(*ttl_seconds) * 1000;
-                let outcome = state.renew(
-                    &self.rules,
-                    &self.resource,
-                    &Who::Named(owner),
-                    Some(fence_of(*fence)),
-                    ttl,
-                    at,
-                );
-                let allowed = matches!(outcome, RenewOutcome::Renewed { .. });
-                ("renewal", owner, fence, format!("{answer:?}"), allowed)
-            }
+                ..
+            } => ("renewal", owner, fence, format!("{answer:?}")),
             Op::Release {
                 owner,
                 fence,
                 answer,
-            } => {
-                let outcome = state.release(
-                    &self.rules,
-                    &self.resource,
-                    &Who::Named(owner),
-                    Some(fence_of(*fence)),
-                    at,
-                    Number::Next,
-                );
-                let allowed = matches!(outcome, Ok(ReleaseOutcome::Released { .. }));
-                ("release", owner, fence, format!("{answer:?}"), allowed)
-            }
+            } => ("release", owner, fence, format!("{answer:?}")),
             _ => return Ok(()),
+        };
+        // Judged on a copy: a step the rules allow is unexplained, and changes nothing of
+        // what the store did.
+        let mut state = self.state.clone();
+        let (who, held) = (Who::Named(owner), Some(fence_of(*fence)));
+        let allowed = match &r.op {
+            Op::Renew { ttl_seconds, .. } => {
+                let ttl = u64::from(*ttl_seconds) * 1000;
+                let outcome = state.renew(&self.rules, &self.resource, &who, held, ttl, at);
+                matches!(outcome, RenewOutcome::Renewed { .. })
+            }
+            _ => {
+                let outcome =
+                    state.release(&self.rules, &self.resource, &who, held, at, Number::Next);
+                matches!(outcome, Ok(ReleaseOutcome::Released { .. }))
+            }
         };
         if !allowed {
             return Ok(());
