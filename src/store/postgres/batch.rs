@@ -2,15 +2,16 @@
 //! call of `fencelock_apply` (docs/design/0001-group-commit.md), in one transaction, with one
 //! commit and one round trip for all of them.
 //!
-//! Requests are queued, and a few committers take them: a committer that is free takes the
-//! first request that comes and whatever else is queued at that moment (up to the batch
-//! maximum), sent as one statement; each request is answered once the commit is done. There
-//! is no waiting window: a request that finds a committer free goes at once, as a batch of
-//! one; under load, requests queue while the committers' batches run, and the next batches
-//! grow by themselves. Several batches in flight keep the database busy while another batch
-//! waits for its commit to reach the disk, as PostgreSQL's own group commit does for its
-//! sessions, and one batch held up (a row held from outside, a slow database) holds up no
-//! other.
+//! Requests are queued, and a committer, the lead, takes them: the first request that comes
+//! and whatever else is queued at that moment (up to the batch maximum), sent as one
+//! statement; each request is answered once the commit is done. There is no waiting window: a
+//! request that finds the lead free goes at once, as a batch of one; under load, requests
+//! queue while the lead's batch runs, and the next batch grows by itself, so that the
+//! database decides many requests per statement and per commit. Behind the lead stand a few
+//! more committers, each the standby of the one before it: a standby takes batches only
+//! while the committer before it has been on one batch for [`STANDBY_AFTER`] (a row held
+//! from outside, a slow disk), so that one batch held up holds up the others for that long
+//! at most.
 //!
 //! What holds:
 //! - A batch holds at most one request per resource (and one acquisition under each token's
@@ -38,7 +39,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use futures_util::FutureExt as _;
 use prometheus::{Histogram, IntCounter};
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 use tokio_postgres::Row;
 use tokio_postgres::error::Severity;
 use tokio_postgres::types::{FromSql, ToSql, Type};
@@ -52,9 +53,15 @@ use fencelock::domain::{
 };
 use fencelock::metrics::{self, Registry};
 
-/// Most batches one store has in flight at once (fewer with a smaller pool); each committer
-/// holds one pooled connection while it works.
+/// Most batches one store has in flight at once (fewer with a smaller pool): the lead and its
+/// standbys. Each committer holds one pooled connection while it works.
 pub const COMMITTERS: usize = 4;
+
+/// How long a committer may be on one batch before its standby takes the requests queued
+/// behind it: many times what a batch takes (a few milliseconds under load), so that the
+/// standby works only when a batch is held up. Several batches side by side all the time would
+/// each be smaller, and cost the database more per request (docs/design/0001).
+const STANDBY_AFTER: Duration = Duration::from_millis(20);
 
 /// Longest a batch waits for one lock (less with a short store timeout, see [`lock_wait`]).
 /// Leases are changed only by decisions, each a short transaction, so a longer wait means a
@@ -128,6 +135,7 @@ impl Batcher {
         metrics: BatchMetrics,
     ) -> Self {
         let (queue, jobs) = mpsc::unbounded_channel();
+        let count = pool_size.clamp(1, COMMITTERS);
         let committers = Arc::new(Committers {
             db,
             intake: Mutex::new(Intake {
@@ -136,9 +144,10 @@ impl Batcher {
             }),
             batch_max,
             metrics,
+            states: (0..count).map(|_| Watched::default()).collect(),
         });
-        for _ in 0..pool_size.clamp(1, COMMITTERS) {
-            DRIVERS.spawn(committers.clone().run());
+        for rank in 0..count {
+            DRIVERS.spawn(committers.clone().run(rank));
         }
         Self { queue }
     }
@@ -287,6 +296,65 @@ struct Committers {
     intake: Mutex<Intake>,
     batch_max: usize,
     metrics: BatchMetrics,
+    /// What each committer is doing, by rank (0: the lead), for its standby.
+    states: Vec<Watched>,
+}
+
+/// A committer's state, and a wake-up for its standby whenever it changes.
+#[derive(Default)]
+struct Watched {
+    state: std::sync::Mutex<CommitterState>,
+    changed: Notify,
+}
+
+/// What a committer is doing, as its standby sees it.
+#[derive(Clone, Copy, Default)]
+struct CommitterState {
+    /// When it took the batch it is on (which also tells one batch from the next); `None`
+    /// while it waits for requests, or for the committer before it.
+    since: Option<Instant>,
+    /// The queue is closed and empty: the committer is done.
+    stopped: bool,
+}
+
+impl Watched {
+    fn now(&self) -> CommitterState {
+        *self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn update(&self, change: impl FnOnce(&mut CommitterState)) {
+        change(
+            &mut self
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        // Kept when nobody waits (`notify_one`), so that a change between a standby's look and
+        // its wait is not missed.
+        self.changed.notify_one();
+    }
+
+    /// Waits until the committer has been on one batch for [`STANDBY_AFTER`]; `false` once it
+    /// has stopped.
+    async fn held_up(&self) -> bool {
+        loop {
+            let seen = self.now();
+            if seen.stopped {
+                return false;
+            }
+            let Some(since) = seen.since else {
+                self.changed.notified().await;
+                continue;
+            };
+            tokio::time::sleep_until((since + STANDBY_AFTER).into()).await;
+            if self.now().since == Some(since) {
+                return true;
+            }
+        }
+    }
 }
 
 /// Where batches come from: the queue, and the requests an earlier batch could not take
@@ -388,14 +456,21 @@ impl From<tokio_postgres::Error> for Failure {
 }
 
 impl Committers {
-    /// One committer: takes batches off the queue until the store is gone and nothing is
-    /// left.
-    async fn run(self: Arc<Self>) {
+    /// The committer of `rank`: takes batches off the queue (when it is a standby, only while
+    /// the committer before it is held up) until the store is gone and nothing is left.
+    async fn run(self: Arc<Self>, rank: usize) {
+        let own = &self.states[rank];
         loop {
+            if let Some(before) = rank.checked_sub(1)
+                && !self.states[before].held_up().await
+            {
+                break;
+            }
             let batch = self.intake.lock().await.next_batch(self.batch_max).await;
             let Some(batch) = batch else {
-                return;
+                break;
             };
+            own.update(|state| state.since = Some(Instant::now()));
             // A panic is a bug; it drops the batch's answers (its requests get `503`), not
             // the committer.
             if AssertUnwindSafe(self.commit(batch))
@@ -405,7 +480,9 @@ impl Committers {
             {
                 tracing::error!("a PostgreSQL batch panicked; its requests were answered 503");
             }
+            own.update(|state| state.since = None);
         }
+        own.update(|state| state.stopped = true);
     }
 
     async fn commit(&self, batch: Vec<Job>) {
