@@ -885,4 +885,24 @@ mod tests {
         assert_eq!(lock_wait(Duration::from_millis(500)), 125);
         assert_eq!(lock_wait(Duration::from_millis(2)), 1);
     }
+
+    /// A standby stands in only for a committer that has been on one batch for
+    /// `STANDBY_AFTER`: never for an idle one, never before that time, and it stops with it.
+    #[tokio::test]
+    async fn a_standby_stands_in_only_for_a_committer_held_up() {
+        let before = Watched::default();
+        let idle = tokio::time::timeout(STANDBY_AFTER * 5, before.held_up()).await;
+        assert!(idle.is_err(), "a standby stood in for an idle committer");
+
+        let since = Instant::now();
+        before.update(|state| state.since = Some(since));
+        assert!(before.held_up().await);
+        assert!(since.elapsed() >= STANDBY_AFTER, "stood in too soon");
+
+        before.update(|state| state.stopped = true);
+        assert!(
+            !before.held_up().await,
+            "a standby outlived the committer before it"
+        );
+    }
 }
