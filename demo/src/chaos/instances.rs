@@ -70,9 +70,10 @@ impl Instance {
             {
                 self.child = None;
                 bail!(
-                    "the lease server on port {} exited ({status}); its log is {}",
+                    "the lease server on port {} exited ({status}); the end of its log ({}):\n{}",
                     self.port,
-                    self.log.display()
+                    self.log.display(),
+                    log_tail(&self.log)
                 );
             }
             if let Ok(response) = http.get(&url).send().await
@@ -126,4 +127,17 @@ pub fn find_binary(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+/// The last lines of a lease server's log, for an error that outlives the scratch directory
+/// the log is in (it is removed when a run fails).
+fn log_tail(log: &Path) -> String {
+    const LINES: usize = 20;
+    match std::fs::read_to_string(log) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(LINES)..].join("\n")
+        }
+        Err(e) => format!("(unreadable: {e})"),
+    }
 }
