@@ -94,17 +94,12 @@ pub(super) async fn check(client: &mut Client) -> Result<(), StoreError> {
         .query_one(SEQUENCE, &[])
         .await
         .map_err(classify)?;
-    let (last_value, is_called): (i64, bool) = (row.get(4), row.get(5));
     let found = Found {
         logged: row.get(0),
         cache: row.get(1),
         increment: row.get(2),
         cycles: row.get(3),
-        next: if is_called {
-            last_value.saturating_add(row.get(2))
-        } else {
-            last_value
-        },
+        next: next_value(&row),
     };
     if let Some(refusal) = found.refusal() {
         return Err(unsafe_sequence(refusal));
@@ -121,12 +116,30 @@ pub(super) async fn check(client: &mut Client) -> Result<(), StoreError> {
         .map_err(classify)?
         .get(0);
     transaction.commit().await.map_err(classify)?;
-    match issued {
-        None => Ok(()),
-        Some(highest) => Err(unsafe_sequence(format!(
-            "is behind the leases: its next value is {}, but fence {highest} was issued already (a restore that put the sequence back?); raise it with `SELECT setval('lease_fence', {highest})`, or further after a restore (docs/operations.md, Backups and restores)",
-            found.next
-        ))),
+    let Some(highest) = issued else {
+        return Ok(());
+    };
+    // Other instances go on drawing fences while this one starts, and one drawn after the
+    // sequence was read above may be among the leases now. Each fence is drawn before it is
+    // committed, so a sequence read after the leases is past every fence they hold, unless
+    // it was put back.
+    let row = client.query_one(SEQUENCE, &[]).await.map_err(classify)?;
+    let next = next_value(&row);
+    if next > highest {
+        return Ok(());
+    }
+    Err(unsafe_sequence(format!(
+        "is behind the leases: its next value is {next}, but fence {highest} was issued already (a restore that put the sequence back?); raise it with `SELECT setval('lease_fence', {highest})`, or further after a restore (docs/operations.md, Backups and restores)"
+    )))
+}
+
+/// The value the sequence's next `nextval` returns, from a row of [`SEQUENCE`].
+fn next_value(row: &tokio_postgres::Row) -> i64 {
+    let (last_value, is_called, increment): (i64, bool, i64) = (row.get(4), row.get(5), row.get(2));
+    if is_called {
+        last_value.saturating_add(increment)
+    } else {
+        last_value
     }
 }
 
