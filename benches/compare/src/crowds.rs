@@ -159,13 +159,14 @@ async fn watches(port: u16, pid: u32, afterwards: Afterwards) -> Result<Watches>
     let fence = answer["lock"]["fence"].as_i64().context("no fence")?;
     let inspections_before = inspections(&mut control).await?;
 
-    let mut clients = Vec::with_capacity(WATCHES);
-    for _ in 0..WATCHES {
-        clients.push(HttpClient::connect(port).await?);
-    }
+    // Each watch is sent as soon as its connection is open: the server closes a connection
+    // left idle for its request timeout (10 s by default), and opening 4000 one after the
+    // other can take longer than that. One at a time: a thousand simultaneous connects would
+    // overflow the listen backlog.
     let path = format!("/locks/crowd/watch?fence={fence}&timeout_ms=120000");
     let mut set = tokio::task::JoinSet::new();
-    for mut client in clients {
+    for _ in 0..WATCHES {
+        let mut client = HttpClient::connect(port).await?;
         let path = path.clone();
         set.spawn(async move {
             let (status, body) = client.send(Method::GET, &path, None).await?;
@@ -177,6 +178,9 @@ async fn watches(port: u16, pid: u32, afterwards: Afterwards) -> Result<Watches>
             anyhow::Ok((answered, kept))
         });
     }
+    // The control connection sat idle while the watches were opened, and may have been
+    // closed for it.
+    control = HttpClient::connect(port).await?;
     // Each watch's first look registers it, and counts as an inspection.
     let registered = Instant::now() + Duration::from_secs(60);
     while inspections(&mut control).await? < inspections_before + WATCHES as f64 {
