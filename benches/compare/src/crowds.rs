@@ -165,6 +165,7 @@ async fn watches(port: u16, pid: u32, afterwards: Afterwards) -> Result<Watches>
     // overflow the listen backlog.
     let path = format!("/locks/crowd/watch?fence={fence}&timeout_ms=120000");
     let mut set = tokio::task::JoinSet::new();
+    let opening = Instant::now();
     for _ in 0..WATCHES {
         let mut client = HttpClient::connect(port).await?;
         let path = path.clone();
@@ -178,6 +179,10 @@ async fn watches(port: u16, pid: u32, afterwards: Afterwards) -> Result<Watches>
             anyhow::Ok((answered, kept))
         });
     }
+    eprintln!(
+        "crowds: {WATCHES} connections opened in {:.1} s",
+        opening.elapsed().as_secs_f64()
+    );
     // The control connection sat idle while the watches were opened, and may have been
     // closed for it.
     control = HttpClient::connect(port).await?;
