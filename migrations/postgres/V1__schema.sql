@@ -140,8 +140,9 @@ $$;
 -- Wake-ups. A change that can end a wait or a watch is announced on the channel
 -- `fencelock_changes`, with the resource name as payload, in the transaction that makes it
 -- (so it is delivered only if and when that commits): a lease granted or ended, and a ticket
--- leaving a queue. Renewals (only `expires_at` changes) are not announced: nobody's wait ends
--- by them. PostgreSQL folds equal notifications of one transaction into one.
+-- leaving a queue, and a renewal that brings the expiry closer (waiters and watchers time
+-- their next look by the expiry they read; one that moves it later ends no wait sooner, and
+-- is not announced). PostgreSQL folds equal notifications of one transaction into one.
 --
 -- A notifying transaction commits under a database-wide lock held until its commit record is
 -- flushed, so its disk sync cannot be shared: a lease change is announced only while its
@@ -362,7 +363,8 @@ BEGIN
 
     -- The plain cases first, each kind in one statement that decides and writes: an
     -- acquisition of a resource without a lease that nobody waits for or watches, a release or
-    -- a renewal by the live holder, with nobody waiting or watching for a release. The
+    -- a renewal by the live holder, with nobody waiting or watching for a release or a
+    -- renewal that brings the expiry closer (which are announced). The
     -- conditions are those under which the rules below say the same, and they are evaluated
     -- on the rows as they are when written. Every other request is judged below.
     IF 'acquire' = ANY (p_kinds) THEN
@@ -406,7 +408,7 @@ BEGIN
             WHERE q.kind IN ('release', 'renew') AND l.resource = q.resource
               AND l.ended_at IS NULL AND l.owner = q.owner AND l.expires_at > stamp
               AND (q.given IS NULL OR q.given = l.fence) AND clock_timestamp() < q.deadline
-              AND (q.kind = 'renew'
+              AND (q.kind = 'renew' AND stamp + q.ttl * interval '1 second' >= l.expires_at
                    OR NOT EXISTS (SELECT FROM lease_waiters w WHERE w.resource = q.resource)
                       AND NOT EXISTS (SELECT FROM lease_watchers w
                                       WHERE w.resource = q.resource))
@@ -466,7 +468,8 @@ BEGIN
                    stamp + h.ttl_seconds * interval '1 second',
                    CASE WHEN h.wait_until IS NOT NULL THEN 0
                         ELSE coalesce(h.lock_delay_ms, 0) END,
-                   j.outcome IN ('fresh', 'reacquired', 'taken_over', 'released')
+                   (j.outcome IN ('fresh', 'reacquired', 'taken_over', 'released')
+                    OR j.outcome = 'renewed' AND j.ends < j.held_until)
                        AND EXISTS (SELECT FROM lease_waiters w WHERE w.resource = j.resource
                                    UNION ALL
                                    SELECT FROM lease_watchers w WHERE w.resource = j.resource)
@@ -485,7 +488,11 @@ BEGIN
                                 AND o.resource <> s.resource) >= s.max_leases
                         THEN 'quota_exceeded'
                     WHEN s.present AND s.held_by <> s.owner AND s.free_at > stamp THEN 'held'
-                    WHEN NOT s.live AND s.queued IS NOT NULL THEN 'queued'
+                    -- Nobody else may take a lease inside its lock delay, the waiters
+                    -- included: its own owner acquires it ahead of the queue.
+                    WHEN NOT s.live AND s.queued IS NOT NULL
+                         AND NOT coalesce(s.held_by = s.owner AND s.free_at > stamp, false)
+                        THEN 'queued'
                     WHEN clock_timestamp() >= s.deadline THEN 'too_late'
                     WHEN NOT s.present THEN 'fresh'
                     WHEN s.live THEN 'reacquired'

@@ -242,7 +242,9 @@ mod judge {
         }
         state.issued = state.issued.max(fence);
         let lease = before.and_then(|s| s.lease.as_ref()).filter(|_| !released);
-        let live_own = lease.is_some_and(|l| l.owner == owner && now < l.expires_at);
+        // Nobody else may take the resource while its lease is live or inside its lock delay:
+        // its owner re-acquiring it then passes no one in the queue.
+        let own_unfree = lease.is_some_and(|l| l.owner == owner && now < l.free_at());
         if let Some(lease) = lease.filter(|l| l.owner != owner) {
             if now < lease.expires_at {
                 broken.push(ONE_HOLDER);
@@ -251,7 +253,7 @@ mod judge {
             }
         }
         let queue = before.map_or(&[][..], |s| &s.queue[..]);
-        if !live_own
+        if !own_unfree
             && queue
                 .iter()
                 .any(|w| waiting(w, now) && ticket.is_none_or(|t| w.ticket < t))

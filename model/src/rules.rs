@@ -616,11 +616,12 @@ fn acquire<O: Clone + Eq>(
             return Ok(AcquireOutcome::Held { delayed_until });
         }
     }
-    // The queue comes first, unless the live holder re-acquires (not a grant to anyone
-    // else).
+    // The queue comes first, unless the holder re-acquires a resource nobody else may take
+    // yet: its lease live, or inside its lock delay (not a grant to anyone else).
     let reacquire = own && lease.is_some_and(|l| l.is_live(now));
+    let ahead_of_queue = own && lease.is_some_and(|l| now < l.free_at());
     let skip_queue = rules.is(Broken::HandoverSkipsQueue) && req.ticket.is_some();
-    if !reacquire && !skip_queue && slot.waiters_ahead(req.ticket, now) {
+    if !ahead_of_queue && !skip_queue && slot.waiters_ahead(req.ticket, now) {
         return Ok(AcquireOutcome::Queued);
     }
     let fence = next?;

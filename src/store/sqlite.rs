@@ -25,9 +25,9 @@ use super::{Deadline, LeaseStore, Result, StoreError, TICKET_LIFE};
 use crate::wake::Changes;
 use fencelock::domain::decide::{self, AcquireVerdict, HolderRefusal};
 use fencelock::domain::{
-    AcquireOutcome, AcquireRequest, Acquisition, Fence, HistoryRequest, Inspection, Lease,
-    LeaseHistory, LockDelay, Owner, PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, ResourceName, Ticket, TokenQuota,
+    AcquireOutcome, AcquireRequest, Fence, HistoryRequest, Inspection, Lease, LeaseHistory,
+    LockDelay, Owner, PastLease, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome,
+    RenewRequest, ResourceName, Ticket, TokenQuota,
 };
 use fencelock::domain::{LeasePage, ListRequest, ListedLease};
 
@@ -697,8 +697,10 @@ fn acquire(conn: &Connection, req: &AcquireRequest, undo: &mut Journal) -> Resul
             return Ok(refusal);
         }
     };
-    // The queue comes first, unless this is the live holder re-acquiring.
-    if how != Acquisition::Reacquired
+    // The queue comes first, unless this is the holder re-acquiring a resource nobody else
+    // may take yet (its lease live, or inside its lock delay).
+    let current = row.as_ref().map(Row::current);
+    if !decide::passes_queue(current.as_ref(), &req.owner, timestamp(now)?)
         && let Some(until) = waiters_ahead(conn, &req.resource, req.ticket, now)?
     {
         return Ok(held(until, now));
@@ -869,11 +871,16 @@ fn changeable<R: HolderRefusal>(
     Ok(verdict.map(|()| row.expect("decide::holder refuses a missing row")))
 }
 
-fn renew(conn: &Connection, req: &RenewRequest, undo: &mut Journal) -> Result<RenewOutcome> {
+/// The outcome, and whether the renewal brought the lease's expiry closer.
+fn renew(
+    conn: &Connection,
+    req: &RenewRequest,
+    undo: &mut Journal,
+) -> Result<(RenewOutcome, bool)> {
     let now = now_ms();
     let row = match changeable(conn, &req.resource, &req.owner, req.fence, now)? {
         Ok(row) => row,
-        Err(refusal) => return Ok(refusal),
+        Err(refusal) => return Ok((refusal, false)),
     };
     let expires = now + req.ttl.millis();
     conn.prepare_cached("UPDATE leases SET expires_at = ?2 WHERE resource = ?1")
@@ -886,15 +893,16 @@ fn renew(conn: &Connection, req: &RenewRequest, undo: &mut Journal) -> Result<Re
         before: row.expires_at.timestamp_millis(),
         after: expires,
     });
-    lease(
+    let shortened = expires < row.expires_at.timestamp_millis();
+    let lease = lease(
         &req.resource,
         &req.owner,
         row.fence,
         row.acquired_at,
         expires,
         now,
-    )
-    .map(RenewOutcome::Renewed)
+    )?;
+    Ok((RenewOutcome::Renewed(lease), shortened))
 }
 
 fn release(conn: &Connection, req: &ReleaseRequest, undo: &mut Journal) -> Result<ReleaseOutcome> {
@@ -996,9 +1004,13 @@ impl LeaseStore for SqliteStore {
     }
 
     async fn renew(&self, req: &RenewRequest, deadline: Deadline) -> Result<RenewOutcome> {
-        let req = req.clone();
-        self.call_undoable(Some(deadline), move |conn, undo| renew(conn, &req, undo))
-            .await
+        // A renewal that brings the expiry closer is announced: waiters and watchers time
+        // their next look by the expiry they last read.
+        let shortened = |outcome: &(_, bool)| outcome.1;
+        let (outcome, _) = self
+            .write_announced(&req.resource, deadline, req, renew, shortened)
+            .await?;
+        Ok(outcome)
     }
 
     async fn release(&self, req: &ReleaseRequest, deadline: Deadline) -> Result<ReleaseOutcome> {

@@ -68,6 +68,19 @@ async fn the_owner_may_reacquire_inside_its_delay(kind: StoreKind) {
     assert!(acquires(&app, "d", "b").await, "the new lease has no delay");
 }
 
+/// Inside its lock delay the resource is free for nobody else, the waiters included: its
+/// owner re-acquires it ahead of the queue, and the queue still waits.
+async fn the_owner_reacquires_inside_its_delay_ahead_of_the_queue(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    acquire_delayed(&app, "d", "a", TTL, 30_000).await;
+    app.db.age("d", 1_000).await;
+    app.db.queue_ticket("d", 20_000).await;
+    assert!(!acquires(&app, "d", "b").await, "taken inside the delay");
+    let again = app.acquire_ok("d", "a", TTL).await;
+    assert_eq!(again["owner"], "a", "{again}");
+    assert_eq!(app.db.waiters("d").await, 1, "the queue is left as it was");
+}
+
 /// A released lease imposes no delay; a renewed one keeps its delay.
 async fn release_imposes_none_and_renew_keeps_it(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
@@ -147,6 +160,7 @@ async fn lock_delay_is_validated(kind: StoreKind) {
 contract!(
     a_lock_delay_keeps_other_owners_out_after_expiry,
     the_owner_may_reacquire_inside_its_delay,
+    the_owner_reacquires_inside_its_delay_ahead_of_the_queue,
     release_imposes_none_and_renew_keeps_it,
     the_purge_keeps_a_lease_inside_its_delay,
     another_owner_gets_it_only_after_expiry_plus_delay,

@@ -151,6 +151,48 @@ async fn an_expired_lease_goes_to_the_waiter(kind: StoreKind) {
     assert_handovers(&handovers);
 }
 
+/// A renewal that brings the expiry closer is announced: a waiter on another instance gets
+/// the lease, and a watch there ends, within the bound of the new expiry, not at the old one
+/// (a minute later) nor at the end of the wait.
+async fn a_lease_renewed_shorter_is_handed_over_at_its_new_expiry(kind: StoreKind) {
+    let a = TestApp::spawn(kind).await;
+    let b = TestApp::spawn_on(a.db.clone(), |_| {}).await;
+    let shorter = json!({ "owner": "holder", "ttl_seconds": 1 });
+
+    a.acquire_ok("job", "holder", TTL).await;
+    let waiter = wait_in_background(&b, "job", "waiter");
+    until_queued(&a, "job", 1).await;
+    let renewed = a.renew_ok("job", shorter.clone()).await;
+    let answer = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter is served")
+        .unwrap();
+    assert_eq!(answer["acquired"], true, "{answer}");
+    let handover =
+        (at(&answer["lock"]["acquired_at"]) - at(&renewed["expires_at"])).num_milliseconds();
+    assert!(
+        (0..LOADED_BOUND_MS).contains(&handover),
+        "handed over {handover} ms after the new expiry"
+    );
+
+    let lock = a.acquire_ok("watched", "holder", TTL).await;
+    let watching = b.watch_in_background("watched", &lock, 60_000);
+    // The watch has looked at the lease once it is registered; give it that moment (a watch
+    // that looks only after the renewal reads the new expiry, and passes either way).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let renewed = a.renew_ok("watched", shorter).await;
+    let (watched, ended) = tokio::time::timeout(Duration::from_secs(10), watching)
+        .await
+        .expect("the watch ends")
+        .unwrap();
+    assert_eq!(watched, json!({ "changed": true, "lock": null }));
+    let late = (ended - at(&renewed["expires_at"])).num_milliseconds();
+    assert!(
+        (0..LOADED_BOUND_MS).contains(&late),
+        "the watch ended {late} ms after the new expiry"
+    );
+}
+
 /// While anyone waits, a free resource goes to the head of the queue: not to a request
 /// without `wait_ms`, nor to a later waiter. A ticket left by an instance that died holds the
 /// queue up until it runs out, no longer.
@@ -251,6 +293,7 @@ async fn wait_ms_follows_the_input_rules(kind: StoreKind) {
 contract!(
     waiters_are_served_in_arrival_order_across_instances,
     an_expired_lease_goes_to_the_waiter,
+    a_lease_renewed_shorter_is_handed_over_at_its_new_expiry,
     no_barging_while_someone_waits,
     a_waiter_that_hangs_up_leaves_the_queue,
     a_wait_runs_out_or_is_not_needed,

@@ -68,6 +68,14 @@ pub fn acquire(current: Option<&Current<'_>>, owner: &Owner, now: DateTime<Utc>)
     }
 }
 
+/// Whether `owner`'s acquisition goes ahead of the resource's queue of waiters: while the
+/// lease is live or inside its lock delay, nobody else may take the resource, the waiters
+/// included, and its own owner may acquire it again (API.md, *Lock delay*). Once it is free
+/// for others, it goes to the head of the queue.
+pub fn passes_queue(current: Option<&Current<'_>>, owner: &Owner, now: DateTime<Utc>) -> bool {
+    current.is_some_and(|row| row.is_held_by(owner) && !row.is_free_for_others(now))
+}
+
 /// Whether a token that holds `others` live leases of resources other than the one it asks
 /// for may take one more. A re-acquisition of a lease it holds is not among `others`, so it
 /// never counts twice. Checked before [`acquire`]: a token at its quota is refused whoever

@@ -3,7 +3,8 @@
 //! waits or watches: `PRAGMA data_version` (no I/O beyond the file's change counter) tells
 //! whether any other connection committed since the last look; only then are the watched
 //! resources read (one indexed lookup each, on a connection of the thread's own, which in WAL
-//! mode never waits for a writer) and those whose lease fence or queue head changed are woken.
+//! mode never waits for a writer) and those whose lease (its fence or its expiry: a renewal
+//! may bring the expiry closer) or queue head changed are woken.
 //! This process's own changes are announced right after their commit (see the store); the
 //! poll sees them too, which costs only a spurious look.
 
@@ -21,9 +22,9 @@ use crate::wake::Changes;
 /// waiter here (well inside the 100 ms the contract gives a hand-over).
 const POLL_EVERY: Duration = Duration::from_millis(20);
 
-/// What a watched resource looked like at the last look: the fence of its lease row (live
-/// or not) and the ticket at the head of its queue.
-type Seen = (Option<i64>, Option<i64>);
+/// What a watched resource looked like at the last look: the fence and expiry of its lease
+/// row (live or not) and the ticket at the head of its queue.
+type Seen = (Option<i64>, Option<i64>, Option<i64>);
 
 /// Starts the polling thread; it ends when the store's registry is gone.
 pub(super) fn start(path: &Path, changes: &Arc<Changes>) -> anyhow::Result<()> {
@@ -81,8 +82,9 @@ fn run(conn: &Connection, changes: &Weak<Changes>) {
 
 fn look(conn: &Connection, resource: &str) -> rusqlite::Result<Seen> {
     conn.prepare_cached(
-        "SELECT (SELECT fence FROM leases WHERE resource = ?1),
-                (SELECT min(ticket) FROM lease_waiters WHERE resource = ?1)",
+        "SELECT l.fence, l.expires_at,
+                (SELECT min(ticket) FROM lease_waiters WHERE resource = ?1)
+         FROM (SELECT 1) LEFT JOIN leases l ON l.resource = ?1",
     )?
-    .query_row([resource], |r| Ok((r.get(0)?, r.get(1)?)))
+    .query_row([resource], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
 }
