@@ -13,7 +13,9 @@
 //! change cost a store transaction each. One that leaves with the lease tells the next what
 //! it saw ([`Handoff`]): the lease is its own until its expiry, as of the changes announced
 //! so far, so the next waits for a later change (or that expiry) instead of looking at once
-//! and finding it held.
+//! and finding it held. But the waiters of its own owner, first or not, attempt at once: they
+//! re-acquire the lease (no change is announced for them to wake on when a release handed it
+//! over in its own transaction, as on PostgreSQL).
 //!
 //! A store may also serve the queue itself: PostgreSQL grants a released lease to the first ticket
 //! in the release's own transaction (docs/design/0003-handover-on-release.md), and the waiter's
@@ -146,7 +148,7 @@ impl Waiter {
             .store
             .changes()
             .lines()
-            .join(&self.req.resource, ticket);
+            .join(&self.req.resource, ticket, &self.req.owner);
         let mut req = self.req.clone();
         req.ticket = Some(ticket);
         // Whether the last attempt was made as the first in line: one that comes first after
@@ -155,16 +157,24 @@ impl Waiter {
         loop {
             let now = Instant::now();
             if now >= until {
-                return Stop::Answer(Ok(self.leave(ticket).await.unwrap_or(
-                    AcquireOutcome::Held {
-                        free_in,
-                        delayed_until,
-                    },
-                )));
+                let granted = self.leave(ticket).await;
+                if granted.is_some() {
+                    place.leave_granted(None);
+                }
+                return Stop::Answer(Ok(granted.unwrap_or(AcquireOutcome::Held {
+                    free_in,
+                    delayed_until,
+                })));
             }
-            if !place.is_first() {
+            // A waiter of the same owner here left with the lease: this one re-acquires it
+            // at once, wherever it stands in line (waiting applies only while another owner
+            // holds the resource).
+            let owner_holds = place.take_owner_holds();
+            let first = place.is_first();
+            if !first && !owner_holds {
                 // Someone of this process is ahead: it cannot be granted before that one is
-                // gone, so neither changes nor the expiry timer concern this waiter.
+                // gone (nor re-acquire before one of its owner is granted), so neither changes
+                // nor the expiry timer concern this waiter.
                 attempted_first = false;
                 tokio::select! {
                     () = place.turn() => {}
@@ -173,13 +183,16 @@ impl Waiter {
                 }
                 continue;
             }
-            if !attempted_first && let Some(handoff) = place.take_handoff() {
+            if owner_holds {
+                // What the one before passed on tells of the lease this waiter re-acquires.
+                let _ = place.take_handoff();
+            } else if !attempted_first && let Some(handoff) = place.take_handoff() {
                 // The one before got the lease: a look now would find it held.
                 changes.mark_seen_through(handoff.seen);
                 free_in = handoff.held_until.saturating_duration_since(now);
                 attempted_first = true;
             }
-            if attempted_first {
+            if attempted_first && !owner_holds {
                 let pause = (free_in + TIMER_SLACK).max(MIN_PAUSE).min(until - now);
                 tokio::select! {
                     () = changes.changed() => {}
@@ -187,7 +200,7 @@ impl Waiter {
                     () = reply.closed() => return self.gone(ticket).await,
                 }
             }
-            attempted_first = true;
+            attempted_first = first;
             let seen = changes.mark_seen();
             match self.attempt(&req).await {
                 Ok(AcquireOutcome::Held {
@@ -196,11 +209,14 @@ impl Waiter {
                 }) => (free_in, delayed_until) = (next, delay),
                 // A grant takes the ticket out of the queue in the same step.
                 Ok(AcquireOutcome::Acquired { lease, how }) => {
-                    place.leave_granted(Handoff::holding(seen, &lease));
+                    place.leave_granted(Some(Handoff::holding(seen, &lease)));
                     return Stop::Answer(Ok(AcquireOutcome::Acquired { lease, how }));
                 }
                 other => {
                     let granted = self.leave(ticket).await;
+                    if granted.is_some() {
+                        place.leave_granted(None);
+                    }
                     return Stop::Answer(granted.map_or(other, Ok));
                 }
             }

@@ -276,6 +276,50 @@ async fn a_wait_runs_out_or_is_not_needed(kind: StoreKind) {
     assert!(fence(&again["lock"]) > fence(&first["lock"]));
 }
 
+/// Once a waiter is granted the lease, the other waiters of its owner on the same instance
+/// re-acquire it at once (API.md: waiting applies only while another owner holds it), with
+/// greater fences: the one right behind it, and one behind a waiter of another owner, who
+/// still waits. Not at the end of their waits (30 s), nor at the lease's expiry.
+async fn waiters_of_the_granted_owner_re_acquire_at_once(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    for (resource, owners) in [("job", &["w", "w"][..]), ("mixed", &["w", "x", "w"][..])] {
+        let holder = app.acquire_ok(resource, "holder", TTL).await;
+        let mut waiting = Vec::new();
+        for (i, owner) in owners.iter().enumerate() {
+            waiting.push(wait_in_background(&app, resource, owner));
+            until_queued(&app, resource, i as i64 + 1).await;
+        }
+        let x = (owners.len() == 3).then(|| waiting.remove(1));
+        let released = app
+            .release(
+                resource,
+                json!({ "owner": "holder", "fence": fence(&holder) }),
+            )
+            .await;
+        assert_eq!(released.status(), 204);
+        let mut fences = vec![fence(&holder)];
+        for waiter in waiting {
+            let answer = tokio::time::timeout(Duration::from_secs(2), waiter)
+                .await
+                .unwrap_or_else(|_| panic!("{resource}: a waiter of w is not answered"))
+                .unwrap();
+            assert_eq!(answer["acquired"], true, "{resource}: {answer}");
+            assert_eq!(answer["lock"]["owner"], "w", "{resource}: {answer}");
+            fences.push(fence(&answer["lock"]));
+        }
+        assert!(fences.is_sorted_by(|a, b| a < b), "{resource}: {fences:?}");
+        if let Some(x) = x {
+            assert_eq!(app.db.waiters(resource).await, 1, "x still waits");
+            app.release(resource, json!({ "owner": "w" })).await;
+            let answer = tokio::time::timeout(Duration::from_secs(10), x)
+                .await
+                .expect("x is served after w's release")
+                .unwrap();
+            assert_eq!(answer["lock"]["owner"], "x", "{answer}");
+        }
+    }
+}
+
 async fn wait_ms_follows_the_input_rules(kind: StoreKind) {
     let app = TestApp::spawn_on(crate::helpers::TestDb::new(kind).await, |s| {
         s.max_wait_ms = 1_000;
@@ -297,6 +341,7 @@ contract!(
     no_barging_while_someone_waits,
     a_waiter_that_hangs_up_leaves_the_queue,
     a_wait_runs_out_or_is_not_needed,
+    waiters_of_the_granted_owner_re_acquire_at_once,
     wait_ms_follows_the_input_rules,
 );
 
