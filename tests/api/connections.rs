@@ -410,6 +410,53 @@ async fn a_slow_head_gets_its_whole_408_before_the_close(kind: StoreKind) {
     assert_eq!(response.header("connection"), Some("close"));
 }
 
+/// A client that falls silent after an answer that leaves its body unread (`413` at once
+/// for a body declared too large, `408` at the request timeout for one that stopped
+/// halfway) is closed soon after the answer, however long it stays silent. The linger after
+/// such an answer is short, and counts from the HTTP layer's clock, read every 500 ms; a
+/// linger due before it began once left such a connection open for ever. Several
+/// connections, started 70 ms apart, meet that clock at different moments.
+async fn silent_clients_are_closed_after_an_early_answer(kind: StoreKind) {
+    let app = app_with_short_timeout(kind).await;
+    let body = br#"{"owner":"a","ttl_seconds":5}"#;
+    let too_large = [
+        &b"POST /locks/job HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 99999999999\r\n\r\n"[..],
+        body,
+    ]
+    .concat();
+    let stopped = [
+        &b"POST /locks/job HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 29\r\n\r\n"[..],
+        &body[..9],
+    ]
+    .concat();
+    let mut silent = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        for (request, status, bound) in [
+            (too_large.clone(), 413, MARGIN),
+            (stopped.clone(), 408, TIMEOUT + MARGIN),
+        ] {
+            let mut stream = connected(&app, &request).await;
+            silent.spawn(async move {
+                let started = Instant::now();
+                let mut received = Vec::new();
+                let read = tokio::time::timeout(bound, stream.read_to_end(&mut received)).await;
+                assert!(
+                    matches!(read, Ok(Ok(_))),
+                    "connection {i} ({status}) still open after {:?}: {:?}",
+                    started.elapsed(),
+                    String::from_utf8_lossy(&received)
+                );
+                let response = parse_raw(&received).expect("a complete answer");
+                assert_eq!(response.status, status);
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(70)).await;
+    }
+    while let Some(ended) = silent.join_next().await {
+        ended.unwrap();
+    }
+}
+
 /// With `--max-connections-per-peer 3`, a fourth connection from one address is closed at
 /// once, while a client at another address (127.0.0.2: all of 127/8 is loopback) is served,
 /// and so are the three; once they are gone the address gets connections again.
@@ -522,6 +569,7 @@ contract!(
     slow_heads_are_cut_off_at_the_request_timeout,
     slow_heads_after_a_first_request_are_cut_off,
     idle_connections_are_closed,
+    silent_clients_are_closed_after_an_early_answer,
     a_slow_head_gets_its_whole_408_before_the_close,
     one_peer_cannot_take_every_connection,
     connections_beyond_the_cap_wait_for_a_free_slot,

@@ -52,7 +52,13 @@ impl TimerState {
 
     pub(super) fn init(&mut self, cx: &mut Context<'_>) {
         if let TimerState::Active { timer } = self {
-            let _ = timer.as_mut().poll(cx);
+            // fencelock patch: a deadline counts from the date service's clock, read every
+            // 500 ms, so a short one (the linger after an answer) can be due already. Upstream
+            // dropped that `Ready`, and the sleep, complete, never woke the dispatcher again:
+            // a silent client then held the connection for ever. Poll again at once instead.
+            if timer.as_mut().poll(cx).is_ready() {
+                cx.waker().wake_by_ref(); // fencelock patch
+            }
         }
     }
 }
