@@ -319,6 +319,9 @@ struct Unwatches(std::sync::Mutex<PendingUnwatches>);
 /// few announcements go to registrations that are no longer needed.
 const UNWATCH_LINGER: Duration = Duration::from_millis(200);
 
+/// Rounds of the start's check that the sessions are what `--pg-pooling` says.
+const POOLING_PROBES: usize = 3;
+
 #[derive(Default)]
 struct PendingUnwatches {
     ids: Vec<i64>,
@@ -550,19 +553,29 @@ impl Db {
             Ok((row.get(0), row.get(1)))
         };
         let first_client = self.pool.get().await.map_err(classify_pool)?;
-        let first = session(&first_client).await?;
         // A second connection while the first is still open, when the pool may have two.
-        let second = if self.pool.status().max_size >= 2 {
-            let client = self.pool.get().await.map_err(classify_pool)?;
-            Some(session(&client).await?)
+        let second_client = if self.pool.status().max_size >= 2 {
+            Some(self.pool.get().await.map_err(classify_pool)?)
         } else {
             None
         };
-        let second = second.as_ref().map(|(s, pid)| (s.as_str(), *pid));
-        match statements::pooling_mismatch(self.config.pooling, (&first.0, first.1), second) {
-            Some(mismatch) => Err(StoreError::Misconfigured(anyhow::Error::new(mismatch))),
-            None => Ok(()),
+        // Through transaction pooling the two share a session only when one asks right after
+        // the other let it go (PgBouncer hands out the session released last first), which
+        // another client of the pooler can get in between: asked in turn a few times.
+        for _ in 0..POOLING_PROBES {
+            let first = session(&first_client).await?;
+            let second = match &second_client {
+                Some(client) => Some(session(client).await?),
+                None => None,
+            };
+            let second = second.as_ref().map(|(s, pid)| (s.as_str(), *pid));
+            let first = (first.0.as_str(), first.1);
+            if let Some(mismatch) = statements::pooling_mismatch(self.config.pooling, first, second)
+            {
+                return Err(StoreError::Misconfigured(anyhow::Error::new(mismatch)));
+            }
         }
+        Ok(())
     }
 
     async fn check(&self) -> anyhow::Result<String> {
@@ -1195,6 +1208,16 @@ pub fn classify(e: tokio_postgres::Error) -> StoreError {
             StoreError::Misconfigured(anyhow::Error::new(e).context(
                 "the server at the database URL refuses the `options` startup parameter, as PgBouncer does, which carries each session's settings (statement_timeout, synchronous_commit): through PgBouncer, start with --pg-pooling session or --pg-pooling transaction, as its pool_mode; or connect to PostgreSQL itself",
             ))
+        }
+        // A prepared statement this connection made is gone from its session, or one it never
+        // made is there: the session is another client's too, as behind a pooler in
+        // transaction pooling that the start did not detect (`statements::pooling_mismatch`
+        // finds it often, not always). Not a fault of the request: `503`, said loudly.
+        Some(code)
+            if code == &tokio_postgres::error::SqlState::DUPLICATE_PSTATEMENT
+                || code == &tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME =>
+        {
+            StoreError::Misconfigured(anyhow::Error::new(statements::PoolingMismatch::shared(e)))
         }
         _ => fencelock::guard::postgres::classify(e),
     }

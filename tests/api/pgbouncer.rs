@@ -81,6 +81,33 @@ async fn starts_unfit_for_transaction_pooling_are_refused() {
     }
 }
 
+/// A session that is not a connection's own shows when a prepared statement it made is gone,
+/// or one it never made is there (what PgBouncer in transaction pooling does to a start the
+/// start-up check let through): sorted as the pooler mismatch, a `503` that names the fix,
+/// never the `500` of an unknown failure. Both failures are the real server's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_shared_under_a_connection_is_the_pooler_mismatch() {
+    use fencelock_server::StoreError;
+    use fencelock_server::postgres::classify;
+    let db = TestDb::new(StoreKind::Postgres).await;
+    let session = pg_connect(&db.url()).await;
+    session
+        .batch_execute("PREPARE s0 AS SELECT 1")
+        .await
+        .unwrap();
+    let twice = session.batch_execute("PREPARE s0 AS SELECT 1").await;
+    let missing = session.batch_execute("EXECUTE s1").await;
+    for failed in [twice, missing] {
+        match classify(failed.unwrap_err()) {
+            StoreError::Misconfigured(cause) => {
+                let cause = format!("{cause:#}");
+                assert!(cause.contains("--pg-pooling transaction"), "{cause}");
+            }
+            other => panic!("not a misconfiguration: {other:?}"),
+        }
+    }
+}
+
 /// With PgBouncer's defaults (startup options refused), a direct start answers `503` and
 /// says what to change; with `--pg-pooling` to match, the same PgBouncer serves, and
 /// `fencelock check` passes through it.

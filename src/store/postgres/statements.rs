@@ -172,6 +172,16 @@ pub(crate) const SESSION: Sql = Sql {
 #[error("{0}")]
 pub(crate) struct PoolingMismatch(String);
 
+impl PoolingMismatch {
+    /// A request found its session shared with another client (`error`: a prepared statement
+    /// missing or already there).
+    pub(crate) fn shared(error: tokio_postgres::Error) -> Self {
+        Self(format!(
+            "the PostgreSQL session of a connection is shared with other clients ({error}), as behind a pooler in transaction pooling: start with --pg-pooling transaction and --listen-database-url"
+        ))
+    }
+}
+
 /// Why sessions that answered `SESSION` with `first` and, if a second connection was open at
 /// the same time, `second`, cannot be what `pooling` says: a setting sent at connection was
 /// lost (a pooler that drops startup options), or two connections open at once shared one
