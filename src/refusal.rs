@@ -9,10 +9,10 @@
 use std::fmt::Write as _;
 
 use actix_web::http::StatusCode;
-use actix_web::http::header::HeaderValue;
+use actix_web::http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use actix_web::web::Bytes;
 use fencelock::http::ApiError;
-use fencelock::http::middleware::request_id;
+use fencelock::http::middleware::{REQUEST_ID, request_id};
 use fencelock::http::problem::PROBLEM_JSON;
 
 /// Longest request target quoted back as a problem's `instance`.
@@ -27,8 +27,12 @@ pub fn install_refusal_renderer() {
 /// The answer to a request refused by the HTTP/1 parser before any route sees it: bad bytes
 /// in the request line or a header, bad or conflicting framing headers (`400`), a head too
 /// large (`431`) or too slow (`408`). `received` is what the client sent, from its start. A
-/// client's mistake, so logged at WARN: any client can send these.
-pub(crate) fn refused_by_parser(status: StatusCode, received: &[u8]) -> (HeaderValue, Bytes) {
+/// client's mistake, so logged at WARN: any client can send these. The answer carries its
+/// request id in `X-Request-Id`, as every answer does.
+pub(crate) fn refused_by_parser(
+    status: StatusCode,
+    received: &[u8],
+) -> (Vec<(HeaderName, HeaderValue)>, Bytes) {
     let error = match status {
         StatusCode::BAD_REQUEST => ApiError::Malformed(
             "the request is not valid HTTP/1.1: a bad byte in the request line or a header, or an invalid or conflicting Content-Length or Transfer-Encoding".to_owned(),
@@ -51,10 +55,11 @@ pub(crate) fn refused_by_parser(status: StatusCode, received: &[u8]) -> (HeaderV
         detail = %error,
         "request refused by the HTTP parser"
     );
-    (
-        HeaderValue::from_static(PROBLEM_JSON),
-        Bytes::from(error.problem_json(&instance, &id)),
-    )
+    let mut headers = vec![(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON))];
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        headers.push((HeaderName::from_static(REQUEST_ID), value));
+    }
+    (headers, Bytes::from(error.problem_json(&instance, &id)))
 }
 
 /// The target of the request line at the start of `received`, as far as it can be told, with
@@ -108,9 +113,12 @@ mod tests {
             ),
             (StatusCode::REQUEST_TIMEOUT, "request-timeout"),
         ] {
-            let (content_type, body) = refused_by_parser(status, b"GET /x HTTP/1.1\r\n");
-            assert_eq!(content_type, PROBLEM_JSON);
+            let (headers, body) = refused_by_parser(status, b"GET /x HTTP/1.1\r\n");
             let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let header = |name| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+            assert_eq!(header(&CONTENT_TYPE).unwrap(), PROBLEM_JSON);
+            let id = header(&HeaderName::from_static(REQUEST_ID)).unwrap();
+            assert_eq!(problem["request_id"], id.to_str().unwrap());
             assert_eq!(problem["type"], kind);
             assert_eq!(problem["status"], status.as_u16());
             assert_eq!(problem["instance"], "/x");

@@ -86,6 +86,13 @@ async fn parser_refusals_are_problem_documents(kind: StoreKind) {
     for case in refused_requests() {
         let response = app.raw(&case.request).await;
         let problem = assert_raw_problem(&response, case.status, case.kind);
+        // Every answer carries its request id, these too.
+        assert_eq!(
+            response.header("x-request-id"),
+            problem["request_id"].as_str(),
+            "{}",
+            case.name
+        );
         if let Some(instance) = &case.instance {
             assert_eq!(problem["instance"], *instance, "{}", case.name);
         }

@@ -1,16 +1,17 @@
 //! fencelock patch (see the workspace's `vendor/README.md`): a hook that renders the body of
 //! the answers the HTTP/1 dispatcher writes by itself, without calling any service: `400` for
 //! a request it cannot parse, `431` for a head that is too large, `408` for a head that does
-//! not arrive in time. Unpatched, these go out with an empty body.
+//! not arrive in time, and the headers it adds. Unpatched, these go out with an empty body.
 
 use bytes::Bytes;
-use http::{header, HeaderValue, StatusCode};
+use http::{HeaderName, HeaderValue, StatusCode};
 
 use crate::{body::BoxBody, Response};
 
 /// Renders the answer for `status`, given the start of what the client sent (which may hold
-/// a request line, or not); returns its `Content-Type` and body.
-pub type RefusalRenderer = fn(StatusCode, &[u8]) -> (HeaderValue, Bytes);
+/// a request line, or not); returns the headers to add (its `Content-Type` among them) and
+/// its body.
+pub type RefusalRenderer = fn(StatusCode, &[u8]) -> (Vec<(HeaderName, HeaderValue)>, Bytes);
 
 static RENDERER: std::sync::OnceLock<RefusalRenderer> = std::sync::OnceLock::new();
 
@@ -33,7 +34,9 @@ pub(crate) fn bytes(res: &mut Response<()>, received: &[u8]) -> Bytes {
     let Some(render) = RENDERER.get() else {
         return Bytes::new();
     };
-    let (content_type, body) = render(res.status(), received);
-    res.headers_mut().insert(header::CONTENT_TYPE, content_type);
+    let (headers, body) = render(res.status(), received);
+    for (name, value) in headers {
+        res.headers_mut().insert(name, value);
+    }
     body
 }
