@@ -253,14 +253,20 @@ async fn malformed_bodies_are_400(kind: StoreKind) {
             assert_problem(response, 400, "malformed-request").await;
         }
     }
-    for body in [
-        // A field given twice is ambiguous, above all for the owner.
-        r#"{"owner":"a","owner":"b","ttl_seconds":60}"#.to_owned(),
-        // Deep nesting is refused cleanly, not by a crash.
-        format!("{}{}", "[".repeat(5_000), "]".repeat(5_000)),
-    ] {
-        let response = app.json_text(Method::POST, "/locks/job:1", body).await;
-        assert_problem(response, 400, "malformed-request").await;
+    // Deep nesting is refused cleanly, not by a crash.
+    let deep = format!("{}{}", "[".repeat(5_000), "]".repeat(5_000));
+    let response = app.json_text(Method::POST, "/locks/job:1", deep).await;
+    assert_problem(response, 400, "malformed-request").await;
+}
+
+/// A field given twice is ambiguous, above all for the owner; but the body is still JSON
+/// (RFC 8259: names SHOULD be unique), so it is that field's `422`, not a `400`.
+async fn a_field_given_twice_is_its_422(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    for (method, path) in body_routes() {
+        let body = r#"{"owner":"a","owner":"b","ttl_seconds":60}"#;
+        let response = app.json_text(method, path, body).await;
+        assert_invalid(response, &["owner"], path).await;
     }
 }
 
@@ -540,6 +546,7 @@ contract!(
     unknown_fields_are_422,
     invalid_fences_are_422,
     malformed_bodies_are_400,
+    a_field_given_twice_is_its_422,
     content_type_must_be_json,
     oversized_body_is_413,
     validation_wins_over_store_outcomes,

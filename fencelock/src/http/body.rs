@@ -8,6 +8,7 @@
 //! is valid JSON whose only fault is its size, a `422` like any other out-of-range value.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::time::Duration;
 
 use actix_web::HttpRequest;
@@ -47,14 +48,19 @@ impl<S: futures_util::Stream<Item = Result<web::Bytes, PayloadError>> + Unpin> B
 pub type Object = BTreeMap<String, Box<RawValue>>;
 
 /// Reads a JSON object body, enforcing media type, size and syntax. A field given twice is
-/// refused: which of two owners was meant cannot be guessed.
+/// refused (`422`, the body being JSON still): which of two owners was meant cannot be
+/// guessed.
 pub async fn read_object(req: &HttpRequest, payload: impl Body) -> Result<Object, ApiError> {
     let body = read_body(req, payload).await?;
     let refusal = match serde_json::from_slice::<UniqueKeys>(&body) {
-        Ok(UniqueKeys(map)) => return Ok(map),
+        Ok(UniqueKeys(Ok(map))) => return Ok(map),
+        // Still JSON (RFC 8259 only says names SHOULD be unique), so a field's refusal.
+        Ok(UniqueKeys(Err(repeated))) => {
+            return Err(ApiError::validation(repeated, "is given more than once"));
+        }
         Err(refusal) => refusal,
     };
-    // Only to word the answer: is it no JSON at all, not an object, or a repeated field?
+    // Only to word the answer: is it no JSON at all, or not an object?
     Err(match serde_json::from_slice::<Box<RawValue>>(&body) {
         Err(e) => not_json(&e),
         Ok(raw) if raw_kind(&raw) == "an object" => {
@@ -102,14 +108,14 @@ fn not_json(e: &serde_json::Error) -> ApiError {
     ApiError::Malformed(format!("the body is not valid JSON: {e}"))
 }
 
-/// A JSON object whose keys are all distinct.
-struct UniqueKeys(Object);
+/// A JSON object, or the first of its keys that it gives more than once.
+struct UniqueKeys(Result<Object, String>);
 
 impl<'de> serde::Deserialize<'de> for UniqueKeys {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct Keys;
         impl<'de> serde::de::Visitor<'de> for Keys {
-            type Value = Object;
+            type Value = Result<Object, String>;
 
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a JSON object")
@@ -120,15 +126,18 @@ impl<'de> serde::Deserialize<'de> for UniqueKeys {
                 mut access: A,
             ) -> Result<Self::Value, A::Error> {
                 let mut map = Object::new();
+                let mut repeated = None;
                 while let Some((key, value)) = access.next_entry::<String, Box<RawValue>>()? {
-                    if map.contains_key(&key) {
-                        return Err(serde::de::Error::custom(format!(
-                            "field {key:?} is given more than once"
-                        )));
+                    match map.entry(key) {
+                        Entry::Occupied(given) => {
+                            repeated.get_or_insert_with(|| given.key().clone());
+                        }
+                        Entry::Vacant(new) => {
+                            new.insert(value);
+                        }
                     }
-                    map.insert(key, value);
                 }
-                Ok(map)
+                Ok(repeated.map_or(Ok(map), Err))
             }
         }
         deserializer.deserialize_map(Keys).map(UniqueKeys)
