@@ -162,7 +162,17 @@ impl SqliteStore {
         T: Send + 'static,
     {
         let req = req.clone();
-        let write = move |conn: &Connection, undo: &mut Journal| op(conn, &req, undo);
+        let write = move |conn: &Connection, undo: &mut Journal| {
+            // Every lock write answers 503 while the file cannot be written, also one that
+            // would have changed nothing (a refused acquisition, another owner's renewal), as
+            // on PostgreSQL: its answer would say what nobody could act on.
+            if is_read_only(conn) {
+                return Err(StoreError::NotWritable(anyhow::anyhow!(
+                    "the SQLite file or its file system is read-only"
+                )));
+            }
+            op(conn, &req, undo)
+        };
         let outcome = self.call_undoable(Some(deadline), write).await?;
         if changed(&outcome) {
             self.changes.changed(resource.as_str());

@@ -100,6 +100,16 @@ async fn sqlite_read_only_file_answers_503() {
     )
     .await;
     assert_refused_write(reader.release("job:1", json!({ "owner": "a" })).await).await;
+    // So are writes that would have changed nothing: another owner's acquisition of a held
+    // resource, renewal and release.
+    assert_refused_write(reader.acquire("job:1", "b", TTL).await).await;
+    assert_refused_write(
+        reader
+            .renew("job:1", json!({ "owner": "b", "ttl_seconds": TTL }))
+            .await,
+    )
+    .await;
+    assert_refused_write(reader.release("job:1", json!({ "owner": "b" })).await).await;
     assert_not_ready(&reader, "read-only").await;
     // The server that opened the file while it was writable is refused as well.
     assert_refused_write(writer.acquire("job:3", "c", TTL).await).await;
