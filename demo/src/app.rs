@@ -3,8 +3,9 @@
 //! - `PUT /docs/{key}` with `Fencing-Token` and any JSON body: `200 {"key", "value", "fence"}`
 //!   when applied, `409 stale-fence` with `current_fence` when a greater fence wrote first.
 //!   A store started with fence keys takes only a `fence_token` the lease server signed for
-//!   `key` with one of them: anything else (forged, another resource's, a bare fence) is
-//!   `403 invalid-fence-token`, and nothing is written or logged.
+//!   `key` with one of them: a forged token, another resource's or a bare fence is `403
+//!   invalid-fence-token`, what is no token at all `400 malformed-request` (as without
+//!   keys), and nothing is written or logged.
 //! - `GET /docs/{key}`: `200 {"key", "value", "fence", "updated_at"}` or `404`.
 //! - `GET /metrics`: the Prometheus text format, with the guard's
 //!   `fencelock_guard_writes_total{outcome="admitted"|"stale"|"invalid_token"}` and the HTTP

@@ -57,8 +57,9 @@ enum Command {
         #[arg(long)]
         no_guard: bool,
         /// A fence key file (at least 32 bytes) of the lease server: only tokens it signed
-        /// are accepted (`403 invalid-fence-token` otherwise). Repeat it (or list the files,
-        /// comma-separated) to rotate keys: the current first, then the previous ones.
+        /// are accepted (a bare fence or a token it did not sign: `403 invalid-fence-token`).
+        /// Repeat it (or list the files, comma-separated) to rotate keys: the current first,
+        /// then the previous ones.
         #[arg(
             long = "fence-key",
             value_name = "FILE",

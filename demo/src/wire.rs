@@ -34,9 +34,9 @@ pub struct KeyPath {
 )]
 pub struct FencingTokenHeader {
     /// The writer's lease. A store with fence keys takes only the lease's `fence_token`
-    /// (`<fence>.<signature>`, signed for this key): anything else is `403
-    /// invalid-fence-token`. A store without keys takes the fence, a positive integer below
-    /// 2^53 (not one: `400`). Missing: `428`.
+    /// (`<fence>.<signature>`, signed for this key): a bare fence or a token not signed for
+    /// this key is `403 invalid-fence-token`. A store without keys takes the fence, a
+    /// positive integer below 2^53. What is no token at all: `400`. Missing: `428`.
     #[param(rename = "Fencing-Token", pattern = r"^[0-9]+(\.[A-Za-z0-9_-]{43})?$")]
     fencing_token: String,
 }

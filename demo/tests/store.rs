@@ -596,9 +596,10 @@ fn random_key() -> FenceKey {
 }
 
 /// A store with the lease server's key takes the holder's `fence_token`, and refuses with
-/// `403 invalid-fence-token` a bare fence (even the largest), a forged token, a token of
-/// another resource and the holder's token with its fence respelled (`01.` for `1.`), writing
-/// nothing and logging nothing.
+/// `403 invalid-fence-token` a bare fence (even the largest), a forged token and a token of
+/// another resource, and with `400 malformed-request` what is no token at all (the holder's
+/// token with its fence respelled, `01.` for `1.`, or its signature lengthened), writing
+/// nothing and logging nothing; only the `403`s count as invalid tokens.
 async fn with_keys_only_the_holders_signed_token_writes(kind: StoreKind) {
     let key = random_key();
     let signing = key.clone();
@@ -627,12 +628,20 @@ async fn with_keys_only_the_holders_signed_token_writes(kind: StoreKind) {
         other["fence_token"].as_str().unwrap().to_owned(),
         key.sign("doc:2", fence),
         format!("{}.{}", fence.get() + 1, token.split_once('.').unwrap().1),
-        // The holder's own token with its fence respelled: the signature covers only the
-        // canonical spelling.
-        format!("0{token}"),
     ] {
         let response = store.put("doc:1", Some(&refused), &json!("forged")).await;
         let body = problem(response, 403, "invalid-fence-token").await;
+        assert!(body.get("current_fence").is_none(), "{body}");
+    }
+    for malformed in [
+        // The holder's own token with its fence respelled: the fence of a token is read only
+        // in the canonical spelling the server signs, so this is no token at all.
+        format!("0{token}"),
+        format!("{token}A"),
+        "garbage".to_owned(),
+    ] {
+        let response = store.put("doc:1", Some(&malformed), &json!("forged")).await;
+        let body = problem(response, 400, "malformed-request").await;
         assert!(body.get("current_fence").is_none(), "{body}");
     }
 
@@ -648,7 +657,7 @@ async fn with_keys_only_the_holders_signed_token_writes(kind: StoreKind) {
     let text = store.get("/metrics").await.text().await.unwrap();
     let metrics = Exposition::parse(&text);
     let writes = |outcome| metrics.value("fencelock_guard_writes_total", &[("outcome", outcome)]);
-    assert_eq!(writes("invalid_token"), 7.0, "{text}");
+    assert_eq!(writes("invalid_token"), 6.0, "{text}");
     assert_eq!(writes("admitted"), 2.0, "{text}");
     assert_eq!(writes("stale"), 0.0, "{text}");
 }

@@ -15,7 +15,8 @@ use mysql_async::prelude::Queryable as _;
 use mysql_async::{Conn, Opts, OptsBuilder};
 
 use crate::guard_sql::{
-    NOT_TOKENS, guard_command, key_file, on_a_thread_of_its_own, signed_lease, tampered,
+    NOT_TOKENS, guard_command, key_file, not_tokens_like, on_a_thread_of_its_own, signed_lease,
+    tampered,
 };
 
 const ADMIT: &str = "CALL fencelock_guard_admit(?, ?)";
@@ -264,7 +265,8 @@ async fn a_refused_admit_leaves_nothing_of_its_transaction() {
 
 /// With the lease server's key installed, its `fence_token` (the server was started with
 /// `--fence-key`) is admitted for its resource only; a bare fence, a tampered signature and
-/// another key's are refused. Applied again with the new key and the old, tokens of both
+/// another key's are refused (`FL403`), and what is no token at all is `FL400`, as without
+/// keys. Applied again with the new key and the old, tokens of both
 /// pass; with the new key alone, the old key's do not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_keys_only_the_lease_servers_token_for_its_resource_is_admitted() {
@@ -295,6 +297,16 @@ async fn with_keys_only_the_lease_servers_token_for_its_resource_is_admitted() {
     )
     .await
     .refused("FL403");
+    // What is no token at all is FL400 with keys as without, never FL403.
+    for garbage in not_tokens_like(token) {
+        let message = admit(&mut session, "ledger", &garbage)
+            .await
+            .refused("FL400");
+        assert!(
+            message.starts_with("not a fence token"),
+            "{garbage:?}: {message}"
+        );
+    }
     assert_eq!(db.fence_of("ledger").await, None);
     assert_eq!(admit(&mut session, "ledger", token).await, Answer::Admitted);
     assert_eq!(db.fence_of("ledger").await, Some(fence));

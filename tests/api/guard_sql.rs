@@ -19,8 +19,8 @@ use crate::process::{self, ServerProcess};
 
 const ADMIT: &str = "SELECT fencelock_guard.admit($1, $2)";
 
-/// Tokens that are none (`FL400` while no key is installed), on either database: a fence
-/// must be a positive integer below 2^53 in plain decimal, a signature 43 characters of
+/// Tokens that are none (`FL400`, whether or not keys are installed), on either database: a
+/// fence must be a positive integer below 2^53 in plain decimal, a signature 43 characters of
 /// unpadded base64url that decode to 32 bytes (the last one here does not).
 pub const NOT_TOKENS: [&str; 15] = [
     "abc",
@@ -39,6 +39,28 @@ pub const NOT_TOKENS: [&str; 15] = [
     "5.abc",
     "5.aiUUz8qOOQ-xdbI2ghUN65XfxGfXvgwLUXY2UwDDRK1",
 ];
+
+/// What is no token at all where `token` (a lease's `fence_token`) would be admitted:
+/// [`NOT_TOKENS`], and `token` respelled, padded, cut or doubled. `FL400` with keys installed
+/// as without, never `FL403`.
+pub fn not_tokens_like(token: &str) -> Vec<String> {
+    let signature = token.split_once('.').unwrap().1;
+    let mut not_tokens: Vec<String> = NOT_TOKENS.iter().map(|t| (*t).to_owned()).collect();
+    not_tokens.extend([
+        "garbage".to_owned(),
+        // The fence in a token is read only in the spelling the server signs.
+        format!("0{token}"),
+        format!("+{token}"),
+        format!(" {token}"),
+        format!("{token}\n"),
+        format!("{token}A"),
+        token[..token.len() - 1].to_owned(),
+        format!("{token}.{signature}"),
+        format!(".{signature}"),
+        signature.to_owned(),
+    ]);
+    not_tokens
+}
 
 /// `fencelock guard ARGS...`, run to its end in `dir`: its stdout.
 pub fn guard_command(dir: &Path, args: &[&str]) -> String {
@@ -331,7 +353,8 @@ async fn guard_install_installs_exactly_the_keys_given() {
 
 /// With the lease server's key installed, the `fence_token` the server gives (it was
 /// started with `--fence-key`) is admitted for its resource only; a bare fence, a tampered
-/// signature and another key's signature are refused.
+/// signature and another key's signature are refused (`FL403`), and what is no token at all
+/// is `FL400`, as without keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_keys_only_the_lease_servers_token_for_its_resource_is_admitted() {
     let guarded = Guarded::empty().await;
@@ -358,19 +381,55 @@ async fn with_keys_only_the_lease_servers_token_for_its_resource_is_admitted() {
         .unwrap()
         .sign("ledger", Fence::new(fence).unwrap());
     admit(session, "ledger", &forged).await.refused("FL403");
-    // The fence in a token is read only in the spelling the server signs.
-    let respelled = format!("0{token}");
-    admit(session, "ledger", &respelled).await.refused("FL403");
-    admit(session, "ledger", "garbage").await.refused("FL403");
+    // What is no token at all is FL400 with keys as without: a malformed request, not a
+    // token some key might have signed.
+    let not_tokens = not_tokens_like(token);
+    for garbage in &not_tokens {
+        let (message, _) = admit(session, "ledger", garbage).await.refused("FL400");
+        assert!(
+            message.starts_with("not a fence token"),
+            "{garbage:?}: {message}"
+        );
+    }
     assert_eq!(guarded.fence_of("ledger").await, None);
 
     assert_eq!(
         admit(session, "ledger", token).await,
         Answer::Admitted(fence)
     );
-    // The Rust guard with the same key agrees.
+    // The Rust guard with the same key agrees: 403 where the database says FL403, 400 where
+    // it says FL400 (but for the whitespace around a header, which is not part of it).
     let keys = FenceKeys::new(vec![key]);
     assert_eq!(keys.verify("ledger", token).map(Fence::get), Ok(fence));
+    let rust = Guard::new(keys, GuardMetrics::register(&Registry::new()));
+    let check = |token: &str| rust.check("ledger", &FencingToken::new(token));
+    assert_eq!(check(token).unwrap().fence().get(), fence);
+    for refused in [
+        check(&fence.to_string()),
+        check(&tampered(token)),
+        check(&forged),
+    ] {
+        let refused = refused.unwrap_err();
+        assert!(
+            matches!(refused, GuardError::InvalidToken(_)),
+            "{refused:?}"
+        );
+    }
+    let refused = rust
+        .check("another", &FencingToken::new(token))
+        .unwrap_err();
+    assert!(
+        matches!(refused, GuardError::InvalidToken(_)),
+        "{refused:?}"
+    );
+    for garbage in not_tokens.iter().filter(|t| t.trim() == t.as_str()) {
+        let refused = check(garbage).unwrap_err();
+        assert!(
+            matches!(refused, GuardError::NotAToken(_)),
+            "{garbage:?}: {refused:?}"
+        );
+        assert_eq!(refused.status().as_u16(), 400, "{garbage:?}");
+    }
 }
 
 /// A role that was granted nothing may call `admit` (it runs as the guard's owner), but

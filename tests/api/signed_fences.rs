@@ -1,6 +1,7 @@
 //! Signed fences — with `--fence-key`, every lock object given to its holder carries a
 //! `fence_token` signed for its resource and fence, inspect included.
 
+use fencelock::domain::fence_token::TokenError;
 use fencelock::domain::{Fence, FenceKey, FenceKeys};
 use serde_json::{Value, json};
 
@@ -39,10 +40,21 @@ async fn holders_get_a_fence_token_that_verifies(kind: StoreKind) {
 
     let lock = app.acquire_ok("job:1", "a", TTL).await;
     assert_signed(&lock, &key);
-    // Another resource's token does not verify for this one.
+    // Another resource's token does not verify for this one: a token, but forged for it
+    // (the guard's 403). Respelled or cut, it is no token at all (the guard's 400).
     let token = lock["fence_token"].as_str().unwrap();
     let keys = FenceKeys::new(vec![key.clone()]);
-    assert!(keys.verify("job:2", token).is_err());
+    let forged = TokenError::Forged {
+        resource: "job:2".to_owned(),
+    };
+    assert_eq!(keys.verify("job:2", token), Err(forged));
+    for malformed in [format!("0{token}"), token[..token.len() - 1].to_owned()] {
+        assert_eq!(
+            keys.verify("job:1", &malformed),
+            Err(TokenError::Malformed),
+            "{malformed}"
+        );
+    }
 
     let renew = json!({"owner": "a", "ttl_seconds": TTL, "fence": fence(&lock)});
     let renewed = app.renew_ok("job:1", renew).await;

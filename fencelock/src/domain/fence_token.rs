@@ -96,13 +96,14 @@ struct SignedFence {
 }
 
 impl SignedFence {
-    /// `<fence>.<signature>`: a fence in `1..2^53` in plain decimal, a dot, unpadded
-    /// base64url.
+    /// `<fence>.<signature>`: a fence in `1..2^53` in plain decimal, a dot, and 32 bytes in
+    /// unpadded base64url (43 characters, in their one canonical spelling), as the guard's
+    /// SQL reads a token.
     fn parse(token: &str) -> Option<Self> {
         let (fence, signature) = token.split_once('.')?;
         let fence = super::fence::parse_decimal(fence)?;
         let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
-        Some(Self { fence, signature })
+        (signature.len() == SIGNATURE_BYTES).then_some(Self { fence, signature })
     }
 }
 
@@ -114,10 +115,15 @@ pub struct FenceKeys(Vec<FenceKey>);
 /// Why a token is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
+    /// A bare fence: a token form, but not accepted once there are keys (the guard's `403`).
     #[error("a bare fence is not accepted here; send the lease's fence_token")]
     BareFence,
+    /// Not a token at all: neither a bare fence nor a well-formed `<fence>.<signature>` (the
+    /// guard's `400`, as the SQL guard's `FL400`).
     #[error("not a fence token (<fence>.<signature>)")]
     Malformed,
+    /// A well-formed token that no key signed for this resource: forged, another resource's,
+    /// tampered (the guard's `403`).
     #[error("the signature does not match {resource}")]
     Forged { resource: String },
 }
@@ -137,7 +143,8 @@ impl FenceKeys {
         self.0.iter()
     }
 
-    /// The fence of `token` if one of the keys signed it for `resource`.
+    /// The fence of `token` if one of the keys signed it for `resource`; else why not: a bare
+    /// fence, something that is no token at all, or a token no key signed for `resource`.
     pub fn verify(&self, resource: &str, token: &str) -> Result<Fence, TokenError> {
         if super::fence::parse_decimal(token).is_some() {
             return Err(TokenError::BareFence);
@@ -164,9 +171,7 @@ pub fn unverified_fence(token: &str) -> Option<Fence> {
     if !token.contains('.') {
         return super::fence::parse_decimal(token);
     }
-    SignedFence::parse(token)
-        .filter(|signed| signed.signature.len() == SIGNATURE_BYTES)
-        .map(|signed| signed.fence)
+    SignedFence::parse(token).map(|signed| signed.fence)
 }
 
 /// The length of an HMAC-SHA256 signature.
@@ -239,17 +244,36 @@ mod tests {
             Err(TokenError::BareFence)
         );
         assert_eq!(keys.verify("r", "5"), Err(TokenError::BareFence));
+        // A well-formed signature of the right length that is not the key's.
+        let signature = token.split_once('.').unwrap().1;
+        let flipped = if signature.starts_with('A') { 'B' } else { 'A' };
+        let tampered = format!("5.{flipped}{}", &signature[1..]);
+        assert_eq!(keys.verify("r", &tampered), forged());
+        // Neither a bare fence nor a well-formed `<fence>.<signature>`: not a token at all.
+        let long = format!("{token}A");
+        let short = &token[..token.len() - 1];
+        let uncanonical = format!("{short}1");
+        let twice = format!("{token}.{signature}");
         for bad in [
             "",
             ".",
             "5.",
             "x.abc",
             "0.abc",
+            "5.abc",
             "5.a=b",
             "-5.abc",
             "5.abc.def",
+            "abc",
+            "05",
+            "9007199254740992",
+            "1e3",
+            short,
+            &long,
+            &uncanonical,
+            &twice,
         ] {
-            assert!(keys.verify("r", bad).is_err(), "{bad:?}");
+            assert_eq!(keys.verify("r", bad), Err(TokenError::Malformed), "{bad:?}");
         }
     }
 
@@ -269,7 +293,11 @@ mod tests {
             );
             assert_eq!(unverified_fence(&respelled), None, "{respelled}");
             assert_eq!(unverified_fence(spelling), None, "{spelling}");
-            assert!(keys.verify("r", spelling).is_err(), "{spelling}");
+            assert_eq!(
+                keys.verify("r", spelling),
+                Err(TokenError::Malformed),
+                "{spelling}"
+            );
         }
     }
 

@@ -16,11 +16,13 @@ pub enum GuardError {
     /// No `Fencing-Token` header: `428 fencing-token-required`.
     #[error("{0}")]
     TokenRequired(String),
-    /// The header is not a fence (nor, with keys, a token): `400 malformed-request`.
+    /// The header is no token at all, whether or not the guard has keys: neither a fence
+    /// nor a well-formed `<fence>.<signature>`. `400 malformed-request` (SQL: `FL400`).
     #[error("{0}")]
     NotAToken(String),
     /// The guard has keys, and the token is not one of them signed for the key written:
-    /// forged, of another key, or a bare fence. `403 invalid-fence-token`.
+    /// forged, of another key, tampered, or a bare fence. `403 invalid-fence-token` (SQL:
+    /// `FL403`).
     #[error("{0}")]
     InvalidToken(String),
     /// A greater fence has written to `key` already: the writer's lease has passed.

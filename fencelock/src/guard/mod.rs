@@ -10,9 +10,10 @@
 //! 2. [`Guard::check`] turns the token into a [`CheckedFence`] for the key the write is for.
 //!    A guard with [`FenceKeys`] accepts only a token signed by one of them for that key
 //!    (`<fence>.<signature>`, see [`crate::domain::fence_token`]): a forged token, a token of
-//!    another key, or a bare fence is `403 invalid-fence-token`. A guard without keys takes a
-//!    bare fence (or the fence part of a signed token) as before (not a positive integer:
-//!    `400`).
+//!    another key, or a bare fence is `403 invalid-fence-token`; what is no token at all
+//!    (neither a fence nor a well-formed `<fence>.<signature>`) is `400`, as without keys. A
+//!    guard without keys takes a bare fence (or the fence part of a signed token) as before
+//!    (not a positive integer: `400`).
 //! 3. In the transaction that writes, [`postgres::admit`] or [`sqlite::admit`] compares the
 //!    checked fence with the highest accepted for its key and records it: `fence >= highest`
 //!    is admitted, a lower fence is [`Admission::Stale`] and the caller writes nothing. On
@@ -35,7 +36,8 @@
 //! The guard counts each decision in its [`GuardMetrics`]
 //! (`fencelock_guard_writes_total{outcome="admitted"|"stale"|"invalid_token"}`), so every
 //! service that uses the guard exposes how many late or unsigned writes it refused; serve
-//! them with [`crate::http::metrics::expose`].
+//! them with [`crate::http::metrics::expose`]. A header that is no token at all (`400`) is a
+//! malformed request, not a decision, and is not counted.
 
 #[cfg(feature = "guard-postgres")]
 pub mod postgres;
@@ -52,7 +54,7 @@ use actix_web::http::header::HeaderMap;
 use actix_web::{FromRequest, HttpRequest};
 
 use crate::domain::Fence;
-use crate::domain::fence_token::{self, FenceKeys};
+use crate::domain::fence_token::{self, FenceKeys, TokenError};
 use crate::metrics::label::Outcome;
 use crate::metrics::{self, Registry};
 pub use error::GuardError;
@@ -94,7 +96,8 @@ impl GuardMetrics {
         admission
     }
 
-    /// Counts one token refused by [`Guard::check`].
+    /// Counts one token refused by [`Guard::check`] (or the database's keys) as invalid: the
+    /// `403`s, not the `400`s of what is no token at all.
     fn refused(&self) {
         self.writes
             .with_label_values(&[Outcome::InvalidToken.as_str()])
@@ -123,8 +126,9 @@ impl Guard {
     }
 
     /// The fence `token` may write to `key` with, or why it may not: with keys, `403
-    /// invalid-fence-token` (counted) for anything but a token one of them signed for `key`;
-    /// without keys, `400` for anything but a fence.
+    /// invalid-fence-token` (counted) for a bare fence or a token none of them signed for
+    /// `key`; with or without keys, `400` (not counted) for what is no token at all. The SQL
+    /// guard answers the same, by SQLSTATE ([`sql`]).
     pub fn check(&self, key: &str, token: &FencingToken) -> Result<CheckedFence, GuardError> {
         let fence = if self.keys.is_empty() {
             fence_token::unverified_fence(&token.0).ok_or_else(|| {
@@ -134,9 +138,17 @@ impl Guard {
                 ))
             })?
         } else {
-            self.keys.verify(key, &token.0).map_err(|e| {
-                self.metrics.refused();
-                GuardError::InvalidToken(format!("{FENCING_TOKEN} is refused for {key}: {e}"))
+            self.keys.verify(key, &token.0).map_err(|e| match e {
+                TokenError::Malformed => invalid(&format!(
+                    "{FENCING_TOKEN} must be the lease's fence_token, <fence>.<signature> (the fence a positive integer below 2^53 in plain decimal, the signature 43 characters of unpadded base64url), got {:?}",
+                    token.0
+                )),
+                TokenError::BareFence | TokenError::Forged { .. } => {
+                    self.metrics.refused();
+                    GuardError::InvalidToken(format!(
+                        "{FENCING_TOKEN} is refused for {key}: {e}"
+                    ))
+                }
             })?
         };
         Ok(CheckedFence {
@@ -300,11 +312,14 @@ mod tests {
         let fence = Fence::new(9).unwrap();
         let checked = guard.check("k", &token(&key.sign("k", fence))).unwrap();
         assert_eq!((checked.key(), checked.fence()), ("k", fence));
+        let signed = key.sign("k", fence);
+        let signature = signed.split_once('.').unwrap().1;
         for refused in [
             key.sign("other", fence),
             "9".to_owned(),
             "9007199254740991".to_owned(),
-            format!("{}.AAAA", 9),
+            FenceKey::from_bytes(vec![4; 32]).unwrap().sign("k", fence),
+            format!("10.{signature}"),
         ] {
             let err = guard.check("k", &token(&refused)).unwrap_err();
             assert_eq!(
@@ -316,11 +331,36 @@ mod tests {
                 "{refused:?}"
             );
         }
-        let refusals = guard
-            .metrics()
-            .writes
-            .with_label_values(&[Outcome::InvalidToken.as_str()])
-            .get();
-        assert_eq!(refusals, 4);
+        let refusals = || {
+            guard
+                .metrics()
+                .writes
+                .with_label_values(&[Outcome::InvalidToken.as_str()])
+                .get()
+        };
+        assert_eq!(refusals(), 5);
+
+        // What is no token at all is a malformed request, as without keys, and not counted.
+        for malformed in [
+            "garbage".to_owned(),
+            "0".to_owned(),
+            "09".to_owned(),
+            "9007199254740992".to_owned(),
+            "9.".to_owned(),
+            "9.AAAA".to_owned(),
+            format!("0{signed}"),
+            format!("+{signed}"),
+            format!("{signed}A"),
+            format!("{signed}.{signature}"),
+        ] {
+            let err = guard.check("k", &token(&malformed)).unwrap_err();
+            assert!(matches!(err, GuardError::NotAToken(_)), "{malformed:?}");
+            assert_eq!(
+                (err.status().as_u16(), err.kind()),
+                (400, "malformed-request"),
+                "{malformed:?}"
+            );
+        }
+        assert_eq!(refusals(), 5);
     }
 }

@@ -44,11 +44,14 @@ use crate::domain::FenceKeys;
 /// names the current fence (`... the current fence is N, ...`); on PostgreSQL, DETAIL holds
 /// it alone, in decimal.
 pub const STALE: &str = "FL409";
-/// SQLSTATE of a token that no installed key signed for the key written: forged, of another
-/// key, malformed, or a bare fence once keys are installed.
+/// SQLSTATE of a token that no installed key signed for the key written: a well-formed
+/// `<fence>.<signature>` that is forged, of another key or tampered, or a bare fence once
+/// keys are installed.
 pub const INVALID_TOKEN: &str = "FL403";
-/// SQLSTATE of a token that is not one, while no key is installed: neither a fence (a
-/// positive integer below 2^53 in plain decimal) nor `<fence>.<signature>`. Also a NULL key.
+/// SQLSTATE of a token that is not one, whether or not keys are installed: neither a fence
+/// (a positive integer below 2^53 in plain decimal, no sign, no leading zero, no space) nor
+/// `<fence>.<signature>` (the signature 43 characters of unpadded base64url). Also a NULL
+/// key.
 pub const NOT_A_TOKEN: &str = "FL400";
 
 /// The guard's schema, `fencelock_guard`, in PostgreSQL: the `fences` table, the

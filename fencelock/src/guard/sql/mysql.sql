@@ -8,8 +8,9 @@
 -- records it), holding the key's row locked until the transaction ends, so that the check
 -- and the write are one atomic step. Refusals are errors, by SQLSTATE: FL409 stale (the
 -- message names the current fence: "... the current fence is N, ..."), FL403 not signed by
--- an installed key for `key`, FL400 not a fence token; each first rolls the transaction
--- back, as PostgreSQL's would end it. Idempotent: safe to apply again, by the same user.
+-- an installed key for `key` (or a bare fence once keys are installed), FL400 not a fence
+-- token at all (with keys or without); each first rolls the transaction back, as
+-- PostgreSQL's would end it. Idempotent: safe to apply again, by the same user.
 -- Written for the mysql or mariadb client, whose DELIMITER command it uses.
 
 -- The highest fence admitted per key. A row is never deleted: without it, a writer whose
@@ -36,12 +37,14 @@ CREATE TABLE IF NOT EXISTS fencelock_guard_fence_keys (
 DROP PROCEDURE IF EXISTS fencelock_guard_admit;
 
 DELIMITER //
--- The rules are the Rust guard's (`Guard::check`): with keys installed, only
--- `<fence>.<signature>` where one of them signed `key || "\n" || fence` (every key is
--- tried; signatures are compared through a keyed hash); anything else, a bare fence
--- included, is FL403. Without keys, a bare fence or the fence of a well-formed token,
--- unverified; anything else is FL400. A fence is written in canonical decimal (no sign, no
--- leading zero) and is below 2^53; a signature is 43 characters of unpadded base64url.
+-- The rules are the Rust guard's (`Guard::check`): what is neither a bare fence nor a
+-- well-formed `<fence>.<signature>` is no token at all, FL400, with keys or without. With
+-- keys installed, only a token one of them signed, `key || "\n" || fence` (every key is
+-- tried; signatures are compared through a keyed hash), passes; a bare fence or a token
+-- none of them signed for `key` (forged, another key's, tampered) is FL403. Without keys, a
+-- bare fence or the fence of a well-formed token, unverified. A fence is written in
+-- canonical decimal (no sign, no leading zero) and is below 2^53; a signature is 43
+-- characters of unpadded base64url.
 CREATE PROCEDURE fencelock_guard_admit(
     IN in_key   TEXT CHARACTER SET utf8mb4,
     IN in_token TEXT CHARACTER SET utf8mb4
@@ -91,6 +94,15 @@ BEGIN
     ELSEIF signature IS NOT NULL THEN
         SET wanted = NULL;
     END IF;
+    -- No token at all, whether or not keys are installed. Each refusal rolls back first,
+    -- then raises a message of at most 128 characters (the most MESSAGE_TEXT holds), what
+    -- matters first.
+    IF wanted IS NULL THEN
+        ROLLBACK;
+        SET refusal = LEFT(CONCAT('not a fence token (a positive integer below 2^53, or ',
+            '<fence>.<signature>): ', IFNULL(QUOTE(in_token), 'NULL')), 128);
+        SIGNAL SQLSTATE 'FL400' SET MESSAGE_TEXT = refusal;
+    END IF;
 
     SET message = CONCAT(CAST(in_key AS BINARY), 0x0A, CAST(fence_text AS BINARY));
     OPEN installed;
@@ -121,22 +133,13 @@ BEGIN
     END LOOP;
     CLOSE installed;
 
-    -- Each refusal rolls back first, then raises a message of at most 128 characters (the
-    -- most MESSAGE_TEXT holds), what matters first.
     IF keyed AND NOT matched THEN
         ROLLBACK;
         SET refusal = LEFT(CONCAT('fence token refused: ',
-            CASE WHEN wanted IS NULL THEN 'not a fence token (<fence>.<signature>)'
-                 WHEN NOT is_signed THEN 'a bare fence is not accepted once keys are installed'
+            CASE WHEN NOT is_signed THEN 'a bare fence is not accepted once keys are installed'
                  ELSE 'not signed by an installed key for this key' END,
             ', for key ', QUOTE(in_key)), 128);
         SIGNAL SQLSTATE 'FL403' SET MESSAGE_TEXT = refusal;
-    END IF;
-    IF wanted IS NULL THEN
-        ROLLBACK;
-        SET refusal = LEFT(CONCAT('not a fence token (a positive integer below 2^53, or ',
-            '<fence>.<signature>): ', IFNULL(QUOTE(in_token), 'NULL')), 128);
-        SIGNAL SQLSTATE 'FL400' SET MESSAGE_TEXT = refusal;
     END IF;
 
     -- Creates the key's row or, if it exists, locks it (changing nothing), then reads the

@@ -7,8 +7,9 @@
 -- It returns the token's fence when that fence is >= the highest admitted for `key` (and
 -- records it), holding the key's row locked until the transaction ends, so that the check
 -- and the write are one atomic step. Refusals are errors, by SQLSTATE: FL409 stale (DETAIL
--- holds the current fence, in decimal), FL403 not signed by an installed key for `key`,
--- FL400 not a fence token. Idempotent: safe to apply again, by the same role.
+-- holds the current fence, in decimal), FL403 not signed by an installed key for `key` (or
+-- a bare fence once keys are installed), FL400 not a fence token at all (with keys or
+-- without). Idempotent: safe to apply again, by the same role.
 
 DO $begin$
 BEGIN
@@ -75,12 +76,13 @@ END
 $hmac$;
 
 -- The fence `token` may write to `key` with, by the Rust guard's rules (`Guard::check`):
--- with keys installed, only `<fence>.<signature>` where one of them signed
+-- what is neither a bare fence nor a well-formed `<fence>.<signature>` is no token at all,
+-- FL400, with keys or without. With keys installed, only a token one of them signed,
 -- `key || E'\n' || fence` (every key is tried, and signatures are compared in constant
--- time); anything else, a bare fence included, is FL403. Without keys, a bare fence or the
--- fence of a well-formed token, unverified; anything else is FL400. A fence is written in
--- canonical decimal (no sign, no leading zero) and is below 2^53; a signature is 43
--- characters of unpadded base64url.
+-- time), passes; a bare fence or a token none of them signed for `key` (forged, another
+-- key's, tampered) is FL403. Without keys, a bare fence or the fence of a well-formed token,
+-- unverified. A fence is written in canonical decimal (no sign, no leading zero) and is
+-- below 2^53; a signature is 43 characters of unpadded base64url.
 CREATE OR REPLACE FUNCTION fencelock_guard.fence_of(key text, token text)
     RETURNS bigint
     LANGUAGE plpgsql STABLE
@@ -110,6 +112,11 @@ BEGIN
     ELSIF signature IS NOT NULL THEN
         fence := NULL;
     END IF;
+    -- No token at all, whether or not keys are installed.
+    IF fence IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'FL400',
+            MESSAGE = format('not a fence token: %s (a fence is a positive integer below 2^53 in plain decimal; a token is <fence>.<signature>)', shown);
+    END IF;
     FOR secret IN SELECT k.secret FROM fencelock_guard.fence_keys AS k LOOP
         keyed := true;
         IF fence IS NOT NULL AND signed THEN
@@ -124,15 +131,9 @@ BEGIN
     IF keyed AND NOT matched THEN
         RAISE EXCEPTION USING ERRCODE = 'FL403',
             MESSAGE = format('fence token %s refused for key %s: %s', shown, quote_literal(key),
-                CASE WHEN fence IS NULL
-                     THEN 'not a fence token (<fence>.<signature>)'
-                     WHEN NOT signed
+                CASE WHEN NOT signed
                      THEN 'a bare fence is not accepted once keys are installed; send the lease''s fence_token'
                      ELSE 'not signed by an installed key for this key' END);
-    END IF;
-    IF fence IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'FL400',
-            MESSAGE = format('not a fence token: %s (a fence is a positive integer below 2^53 in plain decimal; a token is <fence>.<signature>)', shown);
     END IF;
     RETURN fence;
 END
