@@ -64,16 +64,16 @@ export class Client {
    * @returns {Promise<Lease>}
    */
   async lease(resource, options) {
-    const granted = await this.#acquire(resource, options);
-    if (granted instanceof NotAcquiredError) throw granted;
-    return this.#hold(resource, options, granted, true);
+    return this.#renewed(resource, options, false);
   }
 
   /**
    * Runs `work` under a lease on `resource`, renewed in the background, and releases it
    * at the end. Settles with `work`'s own result or error, never with the loss: `work`
    * watches `lease.signal` (and may call `lease.check()`) to stop in time.
-   * `NotAcquiredError` if the resource is held (through `waitMs`).
+   * `NotAcquiredError` if the resource is held (through `waitMs`). While `work` runs and
+   * the lease is held, its renewal keeps the process alive, even if `work` awaits nothing
+   * but `lease.signal`.
    * @template T
    * @param {string} resource
    * @param {AcquireOptions} options
@@ -81,12 +81,24 @@ export class Client {
    * @returns {Promise<T>}
    */
   async withLease(resource, options, work) {
-    const lease = await this.lease(resource, options);
+    const lease = await this.#renewed(resource, options, true);
     try {
       return await work(lease);
     } finally {
       await lease[Symbol.asyncDispose]();
     }
+  }
+
+  /**
+   * A lease renewed in the background, or `NotAcquiredError`.
+   * @param {string} resource
+   * @param {AcquireOptions} options
+   * @param {boolean} holdsProcess whether its timers keep the process alive
+   */
+  async #renewed(resource, options, holdsProcess) {
+    const granted = await this.#acquire(resource, options);
+    if (granted instanceof NotAcquiredError) throw granted;
+    return this.#hold(resource, options, granted, true, holdsProcess);
   }
 
   /**
@@ -118,8 +130,9 @@ export class Client {
    * @param {AcquireOptions} options
    * @param {{ owner: string, grant: Grant, sent: number }} granted
    * @param {boolean} renewing
+   * @param {boolean} [holdsProcess]
    */
-  #hold(resource, { ttlSeconds }, { owner, grant, sent }, renewing) {
-    return new Lease(this.#http, resource, owner, ttlSeconds, grant, sent, renewing);
+  #hold(resource, { ttlSeconds }, { owner, grant, sent }, renewing, holdsProcess = false) {
+    return new Lease(this.#http, resource, owner, ttlSeconds, grant, sent, renewing, holdsProcess);
   }
 }

@@ -24,6 +24,10 @@ const UNCONFIRMED = "unconfirmed";
  *   loss never rejects a promise of its own: nothing goes unhandled.
  * - `await using lease = await client.lease(...)` releases it at the end of the scope,
  *   never throwing for a loss (`[Symbol.asyncDispose]`).
+ * - Inside `Client.withLease` its timers keep the process alive until it is released or
+ *   lost, so that work awaiting nothing but `signal` goes on; every other lease's timers
+ *   are unreferenced, so that a lease never released does not keep a process that has
+ *   nothing else to do running (and renewed) for ever: it lapses at the end of its TTL.
  */
 export class Lease {
   /** The locked resource. @readonly @type {string} */ resource;
@@ -54,6 +58,8 @@ export class Lease {
   /** @type {Promise<void>} */
   #inFlight = Promise.resolve();
   #failures = 0;
+  /** Whether its timers keep the process alive (inside `withLease`). */
+  #holdsProcess;
 
   /**
    * Made by `Client`, not by hand.
@@ -64,8 +70,9 @@ export class Lease {
    * @param {Grant} grant
    * @param {number} sent
    * @param {boolean} renewing
+   * @param {boolean} [holdsProcess] whether its timers keep the process alive
    */
-  constructor(http, resource, owner, ttlSeconds, grant, sent, renewing) {
+  constructor(http, resource, owner, ttlSeconds, grant, sent, renewing, holdsProcess = false) {
     this.resource = resource;
     this.fence = grant.fence;
     this.fenceToken = grant.fenceToken;
@@ -73,6 +80,7 @@ export class Lease {
     this.#http = http;
     this.#owner = owner;
     this.#ttlSeconds = ttlSeconds;
+    this.#holdsProcess = holdsProcess;
     // The server granted the lease only after waiting `waitedMs`, which began after the
     // request was sent: counting from there is later, and still never late.
     this.#term = new Term(sent + grant.waitedMs, grant.expiresInMs);
@@ -209,8 +217,7 @@ export class Lease {
         },
       ).catch((bug) => this.#lose(UNCONFIRMED, `the renewal failed: ${bug}`));
     }, Math.max(Math.min(at, this.#term.safeUntil) - now(), 0));
-    // A lease alone does not keep the process alive; its deadline timer is the backstop.
-    this.#renewal.unref();
+    this.#keepAliveOrNot(this.#renewal);
   }
 
   async #stopRenewing() {
@@ -226,7 +233,19 @@ export class Lease {
     this.#deadline = setTimeout(() => {
       if (!this.#loseIfDue()) this.#armDeadline();
     }, Math.max(this.#term.safeUntil - now(), 0));
-    this.#deadline.unref();
+    this.#keepAliveOrNot(this.#deadline);
+  }
+
+  /**
+   * Unreferences `timer` unless the lease holds the process. Inside `withLease` the deadline
+   * timer, armed from the grant until the loss or release, keeps the process alive through
+   * renewals and their retries; both timers are cleared at the loss, so work that ignores
+   * the loss keeps nothing alive through the lease. Outside it, a lease alone never keeps
+   * the process alive.
+   * @param {ReturnType<typeof setTimeout>} timer
+   */
+  #keepAliveOrNot(timer) {
+    if (!this.#holdsProcess) timer.unref();
   }
 
   #lossNow() {

@@ -1,9 +1,11 @@
 // Client and Lease against the live lease server.
 
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
 import { createHmac } from "node:crypto";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { createInterface } from "node:readline";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 
@@ -68,6 +70,40 @@ async function until(condition, ms) {
     assert.ok(performance.now() < end, "not within the time allowed");
     await sleep(20);
   }
+}
+
+/**
+ * Runs `source` as an ES module in a Node process of its own, `fencelock` naming this
+ * package, with `args`: its stdout lines one by one, and its exit. The test kills it at
+ * its end if it still runs.
+ * @param {import("node:test").TestContext} t
+ * @param {Scratch} space
+ * @param {string} source
+ * @param {string[]} args
+ */
+function node(t, space, source, args) {
+  const script = join(space.dir, `child-${Math.random().toString(36).slice(2)}.mjs`);
+  const index = new URL("../src/index.js", import.meta.url).href;
+  writeFileSync(script, source.replaceAll('from "fencelock"', `from ${JSON.stringify(index)}`));
+  const child = spawn(process.execPath, [script, ...args], { stdio: ["ignore", "pipe", "pipe"] });
+  /** @type {string[]} */
+  const stderr = [];
+  child.stderr.setEncoding("utf8").on("data", (chunk) => stderr.push(chunk));
+  /** @type {Promise<{ code: number | null, signal: string | null, stderr: string }>} */
+  const exited = new Promise((resolve) => {
+    child.on("close", (code, signal) => resolve({ code, signal, stderr: stderr.join("") }));
+  });
+  t.after(() => {
+    if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+  });
+  const lines = createInterface({ input: child.stdout })[Symbol.asyncIterator]();
+  /** The next line of its stdout, parsed as JSON; fails once it has exited without one. */
+  async function line() {
+    const next = await lines.next();
+    if (next.done) assert.fail(`exited without a line: ${JSON.stringify(await exited)}`);
+    return JSON.parse(next.value);
+  }
+  return { line, exited };
 }
 
 test("acquire gives a fence, and a held resource gives null", async (t) => {
@@ -187,6 +223,67 @@ test("withLease renews past the TTL and releases at the end", async (t) => {
   });
   assert.equal(result, "done");
   assert.equal(await server.inspect("job:long"), null, "released at the end");
+});
+
+test("withLease keeps the process alive while its work waits on the lease alone", { timeout: 30_000 }, async (t) => {
+  // The work awaits only `lease.signal`: no timer or socket of its own keeps Node running,
+  // so the lease's renewal must (else Node exits at once, code 13: an unsettled top-level
+  // await, with the lease left to lapse unrenewed).
+  const space = scratch(t);
+  const database = await space.database();
+  const server = await space.server([], database);
+  const child = node(
+    t,
+    space,
+    `import { Client } from "fencelock";
+    const [url, resource] = process.argv.slice(2);
+    const result = await new Client(url).withLease(resource, { ttlSeconds: 2 }, async (lease) => {
+      console.log(JSON.stringify({ fence: lease.fence }));
+      await new Promise((resolve) => lease.signal.addEventListener("abort", resolve));
+      return lease.signal.reason.reason;
+    });
+    console.log(JSON.stringify({ result }));`,
+    [server.url, "job:alone"],
+  );
+  const { fence } = await child.line();
+  const first = await server.inspect("job:alone");
+  assert.equal(first?.fence, fence);
+  // 4.5 s after the line: held then only if a renewal was sent after 2.5 s, past the
+  // first 2 s TTL (renewals come every 0.67 s, so the expiry has moved by about 4 s).
+  const early = await Promise.race([child.exited, sleep(4500).then(() => null)]);
+  assert.equal(early, null, `exited while its work waited: ${JSON.stringify(early)}`);
+  const later = await server.inspect("job:alone");
+  assert.equal(later?.fence, fence, "the lease was not renewed past its first TTL");
+  const renewedMs = Date.parse(String(later?.expires_at)) - Date.parse(String(first?.expires_at));
+  assert.ok(renewedMs >= 2000, `its expiry moved only ${renewedMs} ms`);
+  // The lease expires in the store: the next renewal is refused, the signal aborts, the
+  // work returns, and withLease settles with its result.
+  await expireInStore(database, "job:alone");
+  assert.deepEqual(await child.line(), { result: "lease-expired" });
+  const { code, stderr } = await child.exited;
+  assert.equal(code, 0, stderr);
+});
+
+test("a lease outside withLease does not keep the process alive", { timeout: 30_000 }, async (t) => {
+  // Forgotten leases (never released) do not keep a finished script running for ever; they
+  // lapse at the end of their TTL.
+  const space = scratch(t);
+  const server = await space.server();
+  const child = node(
+    t,
+    space,
+    `import { Client } from "fencelock";
+    const client = new Client(process.argv[2]);
+    const renewed = await client.lease("job:forgotten", { ttlSeconds: 30 });
+    const acquired = await client.acquire("job:unrenewed", { ttlSeconds: 30 });
+    console.log(JSON.stringify([renewed.fence, acquired?.fence]));`,
+    [server.url],
+  );
+  const fences = await child.line();
+  const { code, stderr } = await child.exited;
+  assert.equal(code, 0, stderr);
+  assert.equal((await server.inspect("job:forgotten"))?.fence, fences[0], "left to lapse, not released");
+  assert.equal((await server.inspect("job:unrenewed"))?.fence, fences[1]);
 });
 
 test("the signal is aborted within the TTL when the server dies, and nothing rejects", async (t) => {

@@ -48,7 +48,9 @@ export class Client {
      * Runs `work` under a lease on `resource`, renewed in the background, and releases it
      * at the end. Settles with `work`'s own result or error, never with the loss: `work`
      * watches `lease.signal` (and may call `lease.check()`) to stop in time.
-     * `NotAcquiredError` if the resource is held (through `waitMs`).
+     * `NotAcquiredError` if the resource is held (through `waitMs`). While `work` runs and
+     * the lease is held, its renewal keeps the process alive, even if `work` awaits nothing
+     * but `lease.signal`.
      * @template T
      * @param {string} resource
      * @param {AcquireOptions} options

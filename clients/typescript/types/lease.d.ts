@@ -10,6 +10,10 @@
  *   loss never rejects a promise of its own: nothing goes unhandled.
  * - `await using lease = await client.lease(...)` releases it at the end of the scope,
  *   never throwing for a loss (`[Symbol.asyncDispose]`).
+ * - Inside `Client.withLease` its timers keep the process alive until it is released or
+ *   lost, so that work awaiting nothing but `signal` goes on; every other lease's timers
+ *   are unreferenced, so that a lease never released does not keep a process that has
+ *   nothing else to do running (and renewed) for ever: it lapses at the end of its TTL.
  */
 export class Lease {
     /**
@@ -21,8 +25,9 @@ export class Lease {
      * @param {Grant} grant
      * @param {number} sent
      * @param {boolean} renewing
+     * @param {boolean} [holdsProcess] whether its timers keep the process alive
      */
-    constructor(http: Http, resource: string, owner: string, ttlSeconds: number, grant: Grant, sent: number, renewing: boolean);
+    constructor(http: Http, resource: string, owner: string, ttlSeconds: number, grant: Grant, sent: number, renewing: boolean, holdsProcess?: boolean);
     /** The locked resource. @readonly @type {string} */ readonly resource: string;
     /** The fencing token of this lease (renewals keep it). @readonly @type {number} */ readonly fence: number;
     /**
