@@ -8,6 +8,7 @@
 
 use std::fmt::Write as _;
 
+use actix_http::h1::Refusal;
 use actix_web::http::StatusCode;
 use actix_web::http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use actix_web::web::Bytes;
@@ -18,6 +19,11 @@ use fencelock::http::problem::PROBLEM_JSON;
 /// Longest request target quoted back as a problem's `instance`.
 const MAX_INSTANCE_BYTES: usize = 256;
 
+/// The longest URI the HTTP layer takes (the `http` crate's bound). A longer target is
+/// refused by the parser as a bad request, or, longer still, as a head too large; it is
+/// answered as what it is, `414`.
+const MAX_URI_BYTES: usize = 65_534;
+
 /// Makes every server in this process answer the requests its HTTP parser refuses with a
 /// problem document (see [`refused_by_parser`]).
 pub fn install_refusal_renderer() {
@@ -26,13 +32,19 @@ pub fn install_refusal_renderer() {
 
 /// The answer to a request refused by the HTTP/1 parser before any route sees it: bad bytes
 /// in the request line or a header, bad or conflicting framing headers (`400`), a head too
-/// large (`431`) or too slow (`408`). `received` is what the client sent, from its start. A
-/// client's mistake, so logged at WARN: any client can send these. The answer carries its
-/// request id in `X-Request-Id`, as every answer does.
-pub(crate) fn refused_by_parser(
-    status: StatusCode,
-    received: &[u8],
-) -> (Vec<(HeaderName, HeaderValue)>, Bytes) {
+/// large (`431`) or too slow (`408`), a target too long for a URI (`414`). `received` is what
+/// the client sent, from its start. A client's mistake, so logged at WARN: any client can
+/// send these. The answer carries its request id in `X-Request-Id`, as every answer does.
+pub(crate) fn refused_by_parser(status: StatusCode, received: &[u8]) -> Refusal {
+    let too_long = matches!(
+        status,
+        StatusCode::BAD_REQUEST | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    ) && target(received).len() > MAX_URI_BYTES;
+    let status = if too_long {
+        StatusCode::URI_TOO_LONG
+    } else {
+        status
+    };
     let error = match status {
         StatusCode::BAD_REQUEST => ApiError::Malformed(
             "the request is not valid HTTP/1.1: a bad byte in the request line or a header, or an invalid or conflicting Content-Length or Transfer-Encoding".to_owned(),
@@ -43,6 +55,9 @@ pub(crate) fn refused_by_parser(
         StatusCode::REQUEST_TIMEOUT => ApiError::RequestTimeout(
             "the request head did not arrive within the request timeout".to_owned(),
         ),
+        StatusCode::URI_TOO_LONG => ApiError::UriTooLong(format!(
+            "the request target is longer than {MAX_URI_BYTES} bytes"
+        )),
         other => ApiError::from_status(other),
     };
     let instance = request_target(received);
@@ -59,18 +74,26 @@ pub(crate) fn refused_by_parser(
     if let Ok(value) = HeaderValue::from_str(&id) {
         headers.push((HeaderName::from_static(REQUEST_ID), value));
     }
-    (headers, Bytes::from(error.problem_json(&instance, &id)))
+    Refusal {
+        status,
+        headers,
+        body: Bytes::from(error.problem_json(&instance, &id)),
+    }
+}
+
+/// The target of the request line at the start of `received`, as far as it arrived (empty
+/// when there is none).
+fn target(received: &[u8]) -> &[u8] {
+    let line = received.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    line.split(|b| *b == b' ').nth(1).unwrap_or_default()
 }
 
 /// The target of the request line at the start of `received`, as far as it can be told, with
 /// every byte that may not stand in a URI percent-encoded, and cut short if long: it is the
 /// client's own text, going into a response and a log line.
 fn request_target(received: &[u8]) -> String {
-    let line = received.split(|b| *b == b'\n').next().unwrap_or_default();
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let Some(target) = line.split(|b| *b == b' ').nth(1) else {
-        return String::new();
-    };
+    let target = target(received);
     let mut instance = String::with_capacity(target.len().min(MAX_INSTANCE_BYTES));
     for &byte in target {
         if instance.len() >= MAX_INSTANCE_BYTES {
@@ -113,7 +136,12 @@ mod tests {
             ),
             (StatusCode::REQUEST_TIMEOUT, "request-timeout"),
         ] {
-            let (headers, body) = refused_by_parser(status, b"GET /x HTTP/1.1\r\n");
+            let Refusal {
+                status: answered,
+                headers,
+                body,
+            } = refused_by_parser(status, b"GET /x HTTP/1.1\r\n");
+            assert_eq!(answered, status);
             let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
             let header = |name| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v);
             assert_eq!(header(&CONTENT_TYPE).unwrap(), PROBLEM_JSON);

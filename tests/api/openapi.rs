@@ -11,8 +11,8 @@ use serde_json::Value;
 use crate::helpers::{StoreKind, TestApp, TestDb, sorted_keys};
 
 /// The HTTP layer's own refusals, which any request may get: `400` (bad bytes or framing),
-/// `408` (a head too slow) and `431` (a head too large).
-const HTTP_LAYER: [u16; 3] = [400, 408, 431];
+/// `408` (a head too slow), `414` (a target too long for a URI) and `431` (a head too large).
+const HTTP_LAYER: [u16; 4] = [400, 408, 414, 431];
 
 /// What each operation can answer, per the contract, beyond [`HTTP_LAYER`]; every lock
 /// operation also [`AUTH`].

@@ -71,11 +71,29 @@ pub fn refused_requests() -> Vec<Refused> {
             kind: "headers-too-large",
             instance: Some("/healthz".to_owned()),
         },
-        bad(
-            "100 KiB path",
-            head(&format!("GET {long_path} HTTP/1.1"), ""),
-            Some(&format!("{}...", &long_path[..256])),
-        ),
+        // Longer than a URI may be (65,534 bytes): refused as a bad request by the parser at
+        // first, as a head too large further on, and answered as what it is.
+        Refused {
+            name: "66,000-byte path",
+            request: head(&format!("GET {} HTTP/1.1", &long_path[..66_000]), ""),
+            status: 414,
+            kind: "uri-too-long",
+            instance: Some(format!("{}...", &long_path[..256])),
+        },
+        Refused {
+            name: "100 KiB path",
+            request: head(&format!("GET {long_path} HTTP/1.1"), ""),
+            status: 414,
+            kind: "uri-too-long",
+            instance: Some(format!("{}...", &long_path[..256])),
+        },
+        Refused {
+            name: "200 KiB path",
+            request: head(&format!("GET /{} HTTP/1.1", "a".repeat(200 * 1024)), ""),
+            status: 414,
+            kind: "uri-too-long",
+            instance: Some(format!("{}...", &long_path[..256])),
+        },
     ]
 }
 

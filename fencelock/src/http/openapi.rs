@@ -104,11 +104,12 @@ pub fn invalid_input() -> ApiError {
 
 /// What the HTTP layer itself may refuse on any path, before a route sees the request (see
 /// [`super::middleware::refused_by_parser`]): bad bytes or framing (`400`), a head that is too
-/// slow (`408`) or too large (`431`).
+/// slow (`408`), a target too long for a URI (`414`) or a head too large (`431`).
 fn http_layer_refusals() -> Vec<ApiError> {
     vec![
         ApiError::Malformed(String::new()),
         ApiError::RequestTimeout(String::new()),
+        ApiError::UriTooLong(String::new()),
         ApiError::HeadersTooLarge(String::new()),
     ]
 }

@@ -80,6 +80,9 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("{0}")]
     RequestTimeout(String),
+    /// The request target is longer than a URI may be.
+    #[error("{0}")]
+    UriTooLong(String),
     #[error("{0}")]
     HeadersTooLarge(String),
     #[error("{method} is not allowed here; allowed: {allow}")]
@@ -121,6 +124,7 @@ impl ApiError {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type")
             }
             Self::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request-timeout"),
+            Self::UriTooLong(_) => (StatusCode::URI_TOO_LONG, "uri-too-long"),
             Self::HeadersTooLarge(_) => (
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 "headers-too-large",
@@ -353,6 +357,7 @@ mod tests {
                 "unsupported-media-type",
             ),
             (ApiError::RequestTimeout("x".into()), 408, "request-timeout"),
+            (ApiError::UriTooLong("x".into()), 414, "uri-too-long"),
             (
                 ApiError::HeadersTooLarge("x".into()),
                 431,

@@ -16,7 +16,7 @@ mod timer;
 mod upgrade;
 mod utils;
 
-pub use self::refusal::{set_refusal_renderer, RefusalRenderer}; // fencelock patch
+pub use self::refusal::{set_refusal_renderer, Refusal, RefusalRenderer}; // fencelock patch
 pub use self::{
     client::{ClientCodec, ClientPayloadCodec},
     codec::Codec,

@@ -8,10 +8,19 @@ use http::{HeaderName, HeaderValue, StatusCode};
 
 use crate::{body::BoxBody, Response};
 
+/// A refusal as the renderer answers it.
+pub struct Refusal {
+    /// The dispatcher's status, or a more precise one for what the renderer sees (a `400`
+    /// that a target too long for a URI caused is a `414`).
+    pub status: StatusCode,
+    /// The headers to add, its `Content-Type` among them.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub body: Bytes,
+}
+
 /// Renders the answer for `status`, given the start of what the client sent (which may hold
-/// a request line, or not); returns the headers to add (its `Content-Type` among them) and
-/// its body.
-pub type RefusalRenderer = fn(StatusCode, &[u8]) -> (Vec<(HeaderName, HeaderValue)>, Bytes);
+/// a request line, or not).
+pub type RefusalRenderer = fn(StatusCode, &[u8]) -> Refusal;
 
 static RENDERER: std::sync::OnceLock<RefusalRenderer> = std::sync::OnceLock::new();
 
@@ -34,9 +43,10 @@ pub(crate) fn bytes(res: &mut Response<()>, received: &[u8]) -> Bytes {
     let Some(render) = RENDERER.get() else {
         return Bytes::new();
     };
-    let (headers, body) = render(res.status(), received);
-    for (name, value) in headers {
+    let refusal = render(res.status(), received);
+    *res.status_mut() = refusal.status;
+    for (name, value) in refusal.headers {
         res.headers_mut().insert(name, value);
     }
-    body
+    refusal.body
 }
