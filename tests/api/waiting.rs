@@ -421,6 +421,78 @@ async fn waiting_and_watching_across_two_processes_on_one_sqlite_file() {
     assert_handovers(&watch_ends);
 }
 
+/// A renewal that brings the expiry closer, made by another process on the same SQLite file:
+/// this process's waiter gets the lease and its watch ends within the bound of the new
+/// expiry (the poll of the file compares each watched lease's expiry too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_renewed_shorter_by_another_process_is_handed_over_at_its_new_expiry() {
+    use crate::process::ServerProcess;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("shared.db").display());
+    let one = ServerProcess::start(Some(&url), dir.path());
+    let two = ServerProcess::start(Some(&url), dir.path());
+    let client = crate::helpers::client();
+    let held: Value = one
+        .acquire(&client, "job", "holder")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let held_fence = fence(&held["lock"]);
+    let waiter =
+        tokio::spawn(json_answer(client.post(two.url("/locks/job")).json(
+            &json!({ "owner": "waiter", "ttl_seconds": TTL, "wait_ms": 30_000 }),
+        )));
+    let watcher = watch_in_background(
+        &client,
+        two.url(&format!(
+            "/locks/job/watch?fence={held_fence}&timeout_ms=60000"
+        )),
+    );
+    eventually(
+        "the waiter never queued",
+        Duration::from_secs(20),
+        async || {
+            let queued: i64 = rusqlite::Connection::open(dir.path().join("shared.db"))
+                .unwrap()
+                .query_row("SELECT count(*) FROM lease_waiters", [], |r| r.get(0))
+                .unwrap();
+            queued == 1
+        },
+    )
+    .await;
+    // The watch has had its look (as in the test above).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let renewed: Value = client
+        .post(one.url("/locks/job/renew"))
+        .json(&json!({ "owner": "holder", "ttl_seconds": 1 }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let expires_at = at(&renewed["lock"]["expires_at"]);
+    let answer = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter is served")
+        .unwrap();
+    assert_eq!(answer["lock"]["owner"], "waiter", "{answer}");
+    let handover = (at(&answer["lock"]["acquired_at"]) - expires_at).num_milliseconds();
+    let (watched, ended) = tokio::time::timeout(Duration::from_secs(10), watcher)
+        .await
+        .expect("the watch ends")
+        .unwrap();
+    assert_eq!(watched["changed"], true, "{watched}");
+    let late = (ended - expires_at).num_milliseconds();
+    for (what, ms) in [("hand-over", handover), ("watch", late)] {
+        assert!(
+            (0..LOADED_BOUND_MS).contains(&ms),
+            "{what}: {ms} ms after the new expiry"
+        );
+    }
+}
+
 // Waiting across instances through PgBouncer: in transaction pooling the LISTEN session goes
 // around it (`--listen-database-url`), in session pooling through it.
 through_pgbouncer!(
