@@ -92,24 +92,17 @@ async fn sqlite_read_only_file_answers_503() {
 
     let reader = TestApp::spawn_on(db.clone(), |_| {}).await;
     assert_eq!(reader.inspect("job:1").await.status(), 200);
-    assert_refused_write(reader.acquire("job:2", "b", TTL).await).await;
-    assert_refused_write(
-        reader
-            .renew("job:1", json!({ "owner": "a", "ttl_seconds": TTL }))
-            .await,
-    )
-    .await;
-    assert_refused_write(reader.release("job:1", json!({ "owner": "a" })).await).await;
-    // So are writes that would have changed nothing: another owner's acquisition of a held
-    // resource, renewal and release.
-    assert_refused_write(reader.acquire("job:1", "b", TTL).await).await;
-    assert_refused_write(
-        reader
-            .renew("job:1", json!({ "owner": "b", "ttl_seconds": TTL }))
-            .await,
-    )
-    .await;
-    assert_refused_write(reader.release("job:1", json!({ "owner": "b" })).await).await;
+    // Writes of the holder `a` and of a fresh resource, and those that would have changed
+    // nothing: another owner's acquisition of a held resource, renewal and release.
+    for (resource, owner) in [("job:2", "b"), ("job:1", "a"), ("job:1", "b")] {
+        assert_refused_write(reader.acquire(resource, owner, TTL).await).await;
+        if resource == "job:1" {
+            let renewal = json!({ "owner": owner, "ttl_seconds": TTL });
+            assert_refused_write(reader.renew(resource, renewal).await).await;
+            let release = json!({ "owner": owner });
+            assert_refused_write(reader.release(resource, release).await).await;
+        }
+    }
     assert_not_ready(&reader, "read-only").await;
     // The server that opened the file while it was writable is refused as well.
     assert_refused_write(writer.acquire("job:3", "c", TTL).await).await;

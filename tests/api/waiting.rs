@@ -345,49 +345,72 @@ contract!(
     wait_ms_follows_the_input_rules,
 );
 
-/// Two server processes on one SQLite file: a waiter on one is handed the lease released on
-/// the other, and a watch on one ends with that release; each within the bound (the other
-/// process's changes reach a process by its poll of the file).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiting_and_watching_across_two_processes_on_one_sqlite_file() {
-    use crate::process::ServerProcess;
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("shared.db").display());
-    let one = ServerProcess::start(Some(&url), dir.path());
-    let two = ServerProcess::start(Some(&url), dir.path());
-    let client = crate::helpers::client();
-    let mut handovers = Vec::new();
-    let mut watch_ends = Vec::new();
-    for round in 0..3 {
-        let resource = format!("job-{round}");
-        let held: Value = one
-            .acquire(&client, &resource, "holder")
+/// Two server processes on one SQLite file, for what one process's changes do to the other's
+/// waiters and watches (they reach it by its poll of the file).
+struct TwoProcesses {
+    dir: tempfile::TempDir,
+    one: crate::process::ServerProcess,
+    two: crate::process::ServerProcess,
+    client: reqwest::Client,
+}
+
+/// A waiter and a watch on the second process, of a lease the first holds.
+struct Awaiting {
+    held: Value,
+    waiter: tokio::task::JoinHandle<Value>,
+    watcher: tokio::task::JoinHandle<(Value, DateTime<Utc>)>,
+}
+
+impl TwoProcesses {
+    fn start() -> Self {
+        use crate::process::ServerProcess;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("shared.db").display());
+        let one = ServerProcess::start(Some(&url), dir.path());
+        let two = ServerProcess::start(Some(&url), dir.path());
+        let client = crate::helpers::client();
+        Self {
+            dir,
+            one,
+            two,
+            client,
+        }
+    }
+
+    /// `holder` takes `resource` on the first process; a waiter (wait 30 s) and a watch of
+    /// that lease start on the second, and are in place when this returns: the waiter's
+    /// ticket is queued, and the watch has had its look.
+    async fn awaiting(&self, resource: &str) -> Awaiting {
+        let held: Value = self
+            .one
+            .acquire(&self.client, resource, "holder")
             .await
             .json()
             .await
             .unwrap();
-        let held_fence = fence(&held["lock"]);
+        let held = held["lock"].clone();
         let waiter = tokio::spawn(json_answer(
-            client
-                .post(two.url(&format!("/locks/{resource}")))
+            self.client
+                .post(self.two.url(&format!("/locks/{resource}")))
                 .json(&json!({ "owner": "waiter", "ttl_seconds": TTL, "wait_ms": 30_000 })),
         ));
         let watcher = watch_in_background(
-            &client,
-            two.url(&format!(
-                "/locks/{resource}/watch?fence={held_fence}&timeout_ms=60000"
+            &self.client,
+            self.two.url(&format!(
+                "/locks/{resource}/watch?fence={}&timeout_ms=60000",
+                fence(&held)
             )),
         );
-        // Both are in place: the waiter's ticket is queued, and the watch has had its look.
+        let file = self.dir.path().join("shared.db");
         eventually(
             "the waiter never queued",
             Duration::from_secs(20),
             async || {
-                let queued: i64 = rusqlite::Connection::open(dir.path().join("shared.db"))
+                let queued: i64 = rusqlite::Connection::open(&file)
                     .unwrap()
                     .query_row(
                         "SELECT count(*) FROM lease_waiters WHERE resource = ?1",
-                        [&resource],
+                        [resource],
                         |r| r.get(0),
                     )
                     .unwrap();
@@ -396,25 +419,54 @@ async fn waiting_and_watching_across_two_processes_on_one_sqlite_file() {
         )
         .await;
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let released_before = Utc::now();
-        let released = client
-            .delete(one.url(&format!("/locks/{resource}")))
-            .json(&json!({ "owner": "holder", "fence": held_fence }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(released.status(), 204);
-        let answer = tokio::time::timeout(Duration::from_secs(10), waiter)
+        Awaiting {
+            held,
+            waiter,
+            watcher,
+        }
+    }
+}
+
+impl Awaiting {
+    /// The waiter's lease, and when the watch answered that the lease changed; each within
+    /// 10 s.
+    async fn answered(self) -> (Value, DateTime<Utc>) {
+        let answer = tokio::time::timeout(Duration::from_secs(10), self.waiter)
             .await
             .expect("the waiter is served")
             .unwrap();
         assert_eq!(answer["lock"]["owner"], "waiter", "{answer}");
-        handovers.push((at(&answer["lock"]["acquired_at"]) - released_before).num_milliseconds());
-        let (watched, ended) = tokio::time::timeout(Duration::from_secs(10), watcher)
+        let (watched, ended) = tokio::time::timeout(Duration::from_secs(10), self.watcher)
             .await
             .expect("the watch ends")
             .unwrap();
         assert_eq!(watched["changed"], true, "{watched}");
+        (answer["lock"].clone(), ended)
+    }
+}
+
+/// Two server processes on one SQLite file: a waiter on one is handed the lease released on
+/// the other, and a watch on one ends with that release; each within the bound (the other
+/// process's changes reach a process by its poll of the file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_and_watching_across_two_processes_on_one_sqlite_file() {
+    let processes = TwoProcesses::start();
+    let mut handovers = Vec::new();
+    let mut watch_ends = Vec::new();
+    for round in 0..3 {
+        let resource = format!("job-{round}");
+        let awaiting = processes.awaiting(&resource).await;
+        let released_before = Utc::now();
+        let released = processes
+            .client
+            .delete(processes.one.url(&format!("/locks/{resource}")))
+            .json(&json!({ "owner": "holder", "fence": fence(&awaiting.held) }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(released.status(), 204);
+        let (lock, ended) = awaiting.answered().await;
+        handovers.push((at(&lock["acquired_at"]) - released_before).num_milliseconds());
         watch_ends.push((ended - released_before).num_milliseconds());
     }
     assert_handovers(&handovers);
@@ -426,45 +478,11 @@ async fn waiting_and_watching_across_two_processes_on_one_sqlite_file() {
 /// expiry (the poll of the file compares each watched lease's expiry too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_renewed_shorter_by_another_process_is_handed_over_at_its_new_expiry() {
-    use crate::process::ServerProcess;
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("shared.db").display());
-    let one = ServerProcess::start(Some(&url), dir.path());
-    let two = ServerProcess::start(Some(&url), dir.path());
-    let client = crate::helpers::client();
-    let held: Value = one
-        .acquire(&client, "job", "holder")
-        .await
-        .json()
-        .await
-        .unwrap();
-    let held_fence = fence(&held["lock"]);
-    let waiter =
-        tokio::spawn(json_answer(client.post(two.url("/locks/job")).json(
-            &json!({ "owner": "waiter", "ttl_seconds": TTL, "wait_ms": 30_000 }),
-        )));
-    let watcher = watch_in_background(
-        &client,
-        two.url(&format!(
-            "/locks/job/watch?fence={held_fence}&timeout_ms=60000"
-        )),
-    );
-    eventually(
-        "the waiter never queued",
-        Duration::from_secs(20),
-        async || {
-            let queued: i64 = rusqlite::Connection::open(dir.path().join("shared.db"))
-                .unwrap()
-                .query_row("SELECT count(*) FROM lease_waiters", [], |r| r.get(0))
-                .unwrap();
-            queued == 1
-        },
-    )
-    .await;
-    // The watch has had its look (as in the test above).
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let renewed: Value = client
-        .post(one.url("/locks/job/renew"))
+    let processes = TwoProcesses::start();
+    let awaiting = processes.awaiting("job").await;
+    let renewed: Value = processes
+        .client
+        .post(processes.one.url("/locks/job/renew"))
         .json(&json!({ "owner": "holder", "ttl_seconds": 1 }))
         .send()
         .await
@@ -473,17 +491,8 @@ async fn a_lease_renewed_shorter_by_another_process_is_handed_over_at_its_new_ex
         .await
         .unwrap();
     let expires_at = at(&renewed["lock"]["expires_at"]);
-    let answer = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("the waiter is served")
-        .unwrap();
-    assert_eq!(answer["lock"]["owner"], "waiter", "{answer}");
-    let handover = (at(&answer["lock"]["acquired_at"]) - expires_at).num_milliseconds();
-    let (watched, ended) = tokio::time::timeout(Duration::from_secs(10), watcher)
-        .await
-        .expect("the watch ends")
-        .unwrap();
-    assert_eq!(watched["changed"], true, "{watched}");
+    let (lock, ended) = awaiting.answered().await;
+    let handover = (at(&lock["acquired_at"]) - expires_at).num_milliseconds();
     let late = (ended - expires_at).num_milliseconds();
     for (what, ms) in [("hand-over", handover), ("watch", late)] {
         assert!(
