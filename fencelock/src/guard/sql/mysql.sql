@@ -155,7 +155,10 @@ BEGIN
             ', for key ', QUOTE(in_key)), 128);
         SIGNAL SQLSTATE 'FL409' SET MESSAGE_TEXT = refusal;
     END IF;
-    UPDATE fencelock_guard_fences SET fence = wanted, updated_at = UTC_TIMESTAMP(6)
+    -- GREATEST: called outside a transaction (autocommit, which protects no write, see the
+    -- guard's docs) the row lock above ends with its statement, and a concurrent admit of a
+    -- greater fence may have written since; the stored fence still never goes down.
+    UPDATE fencelock_guard_fences SET fence = GREATEST(fence, wanted), updated_at = UTC_TIMESTAMP(6)
         WHERE `key` = in_key;
 END //
 DELIMITER ;
