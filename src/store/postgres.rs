@@ -513,11 +513,19 @@ impl Db {
     async fn migrate(&self) -> Result<()> {
         // A dedicated session, not a pooled one: the migration lock is a transaction lock on
         // it (see `migrate`), and nothing else ever runs there.
-        let (mut client, connection) = self
-            .config
-            .session_config()
-            .connect(self.config.tls.connector.clone())
+        // Bounded as the pool's connections are: a server that accepts the connection and
+        // then says nothing would otherwise hold the start (or `fencelock migrate`) for ever,
+        // without a word.
+        let session = self.config.session_config();
+        let connecting = session.connect(self.config.tls.connector.clone());
+        let (mut client, connection) = tokio::time::timeout(POOL_TIMEOUT, connecting)
             .await
+            .map_err(|_| {
+                StoreError::unavailable(format!(
+                    "PostgreSQL did not complete a connection within {} s",
+                    POOL_TIMEOUT.as_secs()
+                ))
+            })?
             .map_err(classify)?;
         let driver = tokio::spawn(connection);
         // Clears the wait however the migration ends, a request that gave up on it included

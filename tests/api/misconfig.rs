@@ -256,3 +256,47 @@ async fn a_pooler_that_refuses_startup_options_is_named() {
     let url = format!("postgres://fencelock@{address}/locks?sslmode=disable");
     misconfiguration_is_named(&url, "--pg-pooling session or --pg-pooling transaction").await;
 }
+
+/// A server that accepts connections and then says nothing (a hung PostgreSQL, a black-holed
+/// proxy): `fencelock migrate` gives up with one line, and a server starts serving `503`
+/// instead of waiting for ever without a word. Returns its address; it holds every
+/// connection until the test process ends.
+fn silent_server() -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            held.extend(stream.ok());
+        }
+    });
+    address
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_never_answers_is_given_up_on() {
+    let address = silent_server();
+    let url = format!("postgres://fencelock@{address}/locks?sslmode=disable");
+    let dir = tempfile::tempdir().unwrap();
+    let migrating = tokio::process::Command::from(command(Some(&url), dir.path()))
+        .arg("migrate")
+        .output();
+    let migrated = tokio::time::timeout(std::time::Duration::from_secs(30), migrating)
+        .await
+        .expect("fencelock migrate still waiting after 30 s")
+        .unwrap();
+    assert!(!migrated.status.success(), "{migrated:?}");
+    let stderr = String::from_utf8_lossy(&migrated.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("fencelock: ") && last.contains("did not complete a connection"),
+        "{stderr}"
+    );
+
+    // Starts (the start waits for the log line that says it serves), and answers 503.
+    let server = crate::process::ServerProcess::start(Some(&url), dir.path());
+    let client = crate::helpers::client();
+    let ready = client.get(server.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    assert_eq!(server.acquire(&client, "job", "a").await.status(), 503);
+}
