@@ -228,7 +228,8 @@ pub(crate) enum Command {
     /// terminal too), Ctrl-Z stops it with `fencelock lock`. If the lease is about to be lost
     /// or is lost, the group gets SIGTERM, then SIGKILL before the lease's expiry (see
     /// --grace-seconds). No process of the group outlives `fencelock lock`, even one killed
-    /// with SIGKILL.
+    /// with SIGKILL, unless that SIGKILL goes to `fencelock lock`'s whole process group (see
+    /// docs/client.md).
     #[command(after_help = LOCK_EXIT_STATUS)]
     Lock(LockArgs),
     /// Print the shell completion script for SHELL, made from this build's command line.
