@@ -300,13 +300,17 @@ fn describe(error: &Error, args: &LockArgs) -> String {
             }
         }
         Error::Unavailable(cause)
-            if args.cacert.is_none()
-                && args.url.starts_with("https:")
-                && cause.contains("certificate") =>
+            if args.url.starts_with("https:") && cause.contains("certificate") =>
         {
-            format!(
-                "{error} (for a server whose certificate a private CA issued, give that CA with --cacert FILE)"
-            )
+            match &args.cacert {
+                None => format!(
+                    "{error} (for a server whose certificate a private CA issued, give that CA with --cacert FILE)"
+                ),
+                Some(path) => format!(
+                    "{error} (is {} the CA that issued the server's certificate?)",
+                    path.display()
+                ),
+            }
         }
         other => other.to_string(),
     }

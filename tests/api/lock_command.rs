@@ -539,7 +539,8 @@ async fn a_refusal_is_one_readable_line() {
 }
 
 /// `--cacert FILE` (or `FENCELOCK_CACERT`) trusts a private CA for an `https` server;
-/// without it the certificate is refused, and the line says what to do; a file that is not
+/// without it (or with another CA) the certificate is refused, and the line says what to
+/// do; a file that is not
 /// PEM, or is missing, is a usage error naming `--cacert`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cacert_trusts_a_private_ca() {
@@ -582,6 +583,18 @@ async fn cacert_trusts_a_private_ca() {
     let untrusting = lock(dir.path(), &app.address, "job:1", &[], "echo ran");
     let said = assert_refused(untrusting, 69, "no --cacert").await;
     assert!(said.contains("--cacert"), "{said}");
+    // Another CA than the one that issued the server's certificate: the line names the file.
+    let other = crate::tls::Pki::new();
+    let other_ca = other.path("ca.pem").display().to_string();
+    let mistrusting = lock(
+        dir.path(),
+        &app.address,
+        "job:1",
+        &["--cacert", &other_ca],
+        "echo ran",
+    );
+    let said = assert_refused(mistrusting, 69, "another CA").await;
+    assert!(said.contains(&other_ca), "{said}");
 
     let junk = dir.path().join("junk.pem");
     std::fs::write(&junk, "not PEM").unwrap();
