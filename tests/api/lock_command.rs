@@ -540,8 +540,7 @@ async fn a_refusal_is_one_readable_line() {
 
 /// `--cacert FILE` (or `FENCELOCK_CACERT`) trusts a private CA for an `https` server;
 /// without it (or with another CA) the certificate is refused, and the line says what to
-/// do; a file that is not
-/// PEM, or is missing, is a usage error naming `--cacert`.
+/// do; a file that is not PEM, or is missing, is a usage error naming `--cacert`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cacert_trusts_a_private_ca() {
     let pki = crate::tls::Pki::new();
