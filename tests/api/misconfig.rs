@@ -169,6 +169,20 @@ async fn a_store_of_a_build_with_another_schema_is_named() {
     }
 }
 
+/// A migration history damaged by hand (a row without its name or checksum) is a store of
+/// another schema too: one line, never a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_migration_history_is_named() {
+    let db = TestDb::new(StoreKind::Postgres).await;
+    migrate(&db.url());
+    db.execute(
+        "UPDATE refinery_schema_history SET checksum = NULL, name = NULL, applied_on = NULL WHERE version = 1",
+    )
+    .await;
+    let line = assert_failed_in_one_line(&check(&db.url()), "damaged");
+    assert!(line.contains("another schema"), "{line}");
+}
+
 /// `fencelock migrate` on `url`, which must succeed.
 fn migrate(url: &str) {
     let dir = tempfile::tempdir().unwrap();

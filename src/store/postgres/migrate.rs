@@ -219,22 +219,29 @@ impl AsyncQuery<Vec<Migration>> for InOneTransaction<'_> {
         // As refinery's own driver reads its history table: version, name, applied_on
         // (RFC 3339 text), checksum (decimal text).
         let rows = self.0.query_typed(query, &[]).await?;
+        // Every column but the version may be NULL in a history damaged by hand: read as
+        // empty, never a panic.
         Ok(rows
             .iter()
             .map(|row| {
-                let applied_on: String = row.get(2);
-                let checksum: String = row.get(3);
+                let name: Option<String> = row.get(1);
+                let applied_on: Option<String> = row.get(2);
+                let checksum: Option<String> = row.get(3);
                 Migration::applied(
                     row.get(0),
-                    row.get(1),
-                    time::OffsetDateTime::parse(
-                        &applied_on,
-                        &time::format_description::well_known::Rfc3339,
-                    )
-                    .unwrap_or(time::OffsetDateTime::UNIX_EPOCH),
+                    name.unwrap_or_default(),
+                    applied_on
+                        .and_then(|text| {
+                            time::OffsetDateTime::parse(
+                                &text,
+                                &time::format_description::well_known::Rfc3339,
+                            )
+                            .ok()
+                        })
+                        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH),
                     // A checksum that does not parse matches no migration: refinery then
                     // refuses the run as divergent, which is what such a history deserves.
-                    checksum.parse().unwrap_or_default(),
+                    checksum.and_then(|c| c.parse().ok()).unwrap_or_default(),
                 )
             })
             .collect())
