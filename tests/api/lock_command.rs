@@ -547,16 +547,19 @@ async fn cacert_trusts_a_private_ca() {
     let app = crate::tls::spawn_https(&pki).await;
     let dir = tempfile::tempdir().unwrap();
     let ca = pki.path("ca.pem").display().to_string();
-    let output = lock(
-        dir.path(),
-        &app.address,
-        "job:1",
-        &["--cacert", &ca],
-        "echo $FENCELOCK_FENCE",
-    )
-    .output()
-    .await
-    .unwrap();
+    let with_ca = |file: &str, command: &str| {
+        lock(
+            dir.path(),
+            &app.address,
+            "job:1",
+            &["--cacert", file],
+            command,
+        )
+    };
+    let output = with_ca(&ca, "echo $FENCELOCK_FENCE")
+        .output()
+        .await
+        .unwrap();
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     assert!(
         String::from_utf8_lossy(&output.stdout)
@@ -585,28 +588,14 @@ async fn cacert_trusts_a_private_ca() {
     // Another CA than the one that issued the server's certificate: the line names the file.
     let other = crate::tls::Pki::new();
     let other_ca = other.path("ca.pem").display().to_string();
-    let mistrusting = lock(
-        dir.path(),
-        &app.address,
-        "job:1",
-        &["--cacert", &other_ca],
-        "echo ran",
-    );
-    let said = assert_refused(mistrusting, 69, "another CA").await;
+    let said = assert_refused(with_ca(&other_ca, "echo ran"), 69, "another CA").await;
     assert!(said.contains(&other_ca), "{said}");
 
     let junk = dir.path().join("junk.pem");
     std::fs::write(&junk, "not PEM").unwrap();
     let junk = junk.display().to_string();
     for file in [junk.as_str(), "/no/such/ca.pem"] {
-        let bad = lock(
-            dir.path(),
-            &app.address,
-            "job:1",
-            &["--cacert", file],
-            "echo ran",
-        );
-        let said = assert_refused(bad, 2, file).await;
+        let said = assert_refused(with_ca(file, "echo ran"), 2, file).await;
         assert!(said.contains("--cacert") && said.contains(file), "{said}");
     }
 }
