@@ -247,11 +247,20 @@ pub(crate) fn schema_version(
         Some(at) if at < latest => anyhow::bail!(
             "the schema is at version {at}, this build needs {latest}; run `fencelock migrate`"
         ),
-        Some(at) if at > latest => anyhow::bail!(
-            "the schema is at version {at}, newer than this build knows ({latest}); run a newer fencelock"
-        ),
+        Some(at) if at > latest => Err(newer_schema(at, latest)),
         Some(at) => Ok(at),
     }
+}
+
+/// A database at schema version `at`, which a newer build than this one (whose latest is
+/// `latest`) migrated.
+pub(crate) fn newer_schema(
+    at: refinery::SchemaVersion,
+    latest: refinery::SchemaVersion,
+) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the schema is at version {at}, newer than this build knows ({latest}); run a newer fencelock"
+    )
 }
 
 /// `url` for logs: the password masked, in the URL's user info, in a `password` query

@@ -183,6 +183,27 @@ async fn a_damaged_migration_history_is_named() {
     assert!(line.contains("another schema"), "{line}");
 }
 
+/// A database a newer build migrated: `fencelock migrate` says to run a newer fencelock, as
+/// `check` does, and a server answers `503` saying so; neither calls this build's migrations
+/// missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_newer_than_the_build_is_named() {
+    let db = TestDb::new(StoreKind::Postgres).await;
+    migrate(&db.url());
+    db.execute(
+        "INSERT INTO refinery_schema_history (version, name, applied_on, checksum) VALUES (99, 'future', '2026-12-01T00:00:00Z', '1')",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let migrated = command(Some(&db.url()), dir.path())
+        .arg("migrate")
+        .output()
+        .unwrap();
+    let line = assert_failed_in_one_line(&migrated, "migrate");
+    assert!(line.contains("newer than this build knows"), "{line}");
+    misconfiguration_is_named(&db.url(), "newer than this build knows").await;
+}
+
 /// `fencelock migrate` on `url`, which must succeed.
 fn migrate(url: &str) {
     let dir = tempfile::tempdir().unwrap();

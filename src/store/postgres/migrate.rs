@@ -149,8 +149,10 @@ pub(super) async fn run(
 /// Every pending migration in `transaction`, which holds the migration lock; committed
 /// together.
 async fn apply(transaction: Transaction<'_>) -> Result<(), StoreError> {
+    let runner = super::embedded::migrations::runner();
     let mut migrating = InOneTransaction(transaction);
-    let report = super::embedded::migrations::runner()
+    newer_than_known(&mut migrating, &runner).await?;
+    let report = runner
         .run_async(&mut migrating)
         .await
         .map_err(|e| {
@@ -163,6 +165,40 @@ async fn apply(transaction: Transaction<'_>) -> Result<(), StoreError> {
         tracing::info!(migration = %migration, "applied PostgreSQL migration");
     }
     Ok(())
+}
+
+/// A database a newer build has migrated: refinery would call the newer migration missing
+/// from this build, where the remedy is a newer fencelock (as `fencelock check` says).
+async fn newer_than_known(
+    migrating: &mut InOneTransaction<'_>,
+    runner: &refinery::Runner,
+) -> Result<(), StoreError> {
+    let history: bool = migrating
+        .0
+        .query_typed_one(
+            "SELECT to_regclass('refinery_schema_history') IS NOT NULL",
+            &[],
+        )
+        .await
+        .map_err(classify)?
+        .get(0);
+    if !history {
+        return Ok(());
+    }
+    let applied = runner
+        .get_applied_migrations_async(migrating)
+        .await
+        .map_err(|e| StoreError::Misconfigured(anyhow::Error::new(e)))?;
+    let latest = runner
+        .get_migrations()
+        .iter()
+        .map(refinery::Migration::version)
+        .max()
+        .unwrap_or_default();
+    match applied.iter().map(refinery::Migration::version).max() {
+        Some(at) if at > latest => Err(StoreError::Misconfigured(super::newer_schema(at, latest))),
+        _ => Ok(()),
+    }
 }
 
 /// The session holding the migration lock, in words: `pid N (application_name "x", client
