@@ -169,13 +169,19 @@ async fn a_store_of_a_build_with_another_schema_is_named() {
     }
 }
 
+/// A fresh PostgreSQL database, migrated by `fencelock migrate`, then changed by `sql`.
+async fn migrated_then(sql: &str) -> std::sync::Arc<TestDb> {
+    let db = TestDb::new(StoreKind::Postgres).await;
+    migrate(&db.url());
+    db.execute(sql).await;
+    db
+}
+
 /// A migration history damaged by hand (a row without its name or checksum) is a store of
 /// another schema too: one line, never a panic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_migration_history_is_named() {
-    let db = TestDb::new(StoreKind::Postgres).await;
-    migrate(&db.url());
-    db.execute(
+    let db = migrated_then(
         "UPDATE refinery_schema_history SET checksum = NULL, name = NULL, applied_on = NULL WHERE version = 1",
     )
     .await;
@@ -188,9 +194,7 @@ async fn a_damaged_migration_history_is_named() {
 /// missing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_newer_than_the_build_is_named() {
-    let db = TestDb::new(StoreKind::Postgres).await;
-    migrate(&db.url());
-    db.execute(
+    let db = migrated_then(
         "INSERT INTO refinery_schema_history (version, name, applied_on, checksum) VALUES (99, 'future', '2026-12-01T00:00:00Z', '1')",
     )
     .await;
