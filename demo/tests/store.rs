@@ -543,7 +543,7 @@ async fn bad_page_parameters_are_422(kind: StoreKind) {
 }
 
 /// What each operation of the demo store can answer, beyond the HTTP layer's own refusals
-/// (`400`, `408`, `431`), which every operation documents.
+/// (`400`, `408`, `414`, `431`), which every operation documents.
 const OPERATIONS: [(&str, &[u16]); 7] = [
     (
         "PUT /docs/{key}",
@@ -566,7 +566,11 @@ async fn the_document_matches_the_store(kind: StoreKind) {
     let expected: std::collections::BTreeMap<String, std::collections::BTreeSet<u16>> = OPERATIONS
         .into_iter()
         .map(|(operation, statuses)| {
-            let all = statuses.iter().chain(&[400, 408, 431]).copied().collect();
+            let all = statuses
+                .iter()
+                .chain(&[400, 408, 414, 431])
+                .copied()
+                .collect();
             (operation.to_owned(), all)
         })
         .collect();
