@@ -189,9 +189,8 @@ pub async fn run(
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs)?;
     if let Some(pgbench) = &mut pgbench {
-        let url = databases
-            .create(&format!("fencelock_bench_{pid}_bounds"))
-            .await?;
+        let name = format!("fencelock_bench_{pid}_bounds");
+        let url = databases.create(&name).await?;
         binary
             .migrate(
                 &Store::Postgres { url: url.clone() },
@@ -199,6 +198,17 @@ pub async fn run(
             )
             .await
             .context("migrating the bounds' database")?;
+        // The store's decisions announce a change themselves, only when someone waits or
+        // watches, and skip the trigger that announces other writers' changes: so do the
+        // bounds' plain statements, or `rows_1.sql` would pay a look at the waiters and
+        // watchers per row that no request of the store pays.
+        crate::storage::connect(&url)
+            .await?
+            .batch_execute(&format!(
+                "ALTER DATABASE {name} SET fencelock.announcing = 'inline'"
+            ))
+            .await
+            .context("setting the bounds' database up")?;
         pgbench.bounds_on(url);
     }
     for (key, store) in &stores {
