@@ -74,7 +74,8 @@ async fn refused_until_fixed(db: &TestDb, cause: &[&str], fix: &str) {
     check_passes(db, "check after the fix").await;
 }
 
-/// A sequence altered to a cache, or made unlogged, is refused until it is altered back.
+/// A sequence altered to a cache, made unlogged, or allowed past 2^53 - 1 is refused until it
+/// is altered back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_altered_fence_sequence_is_refused() {
     let (db, _) = with_leases(StoreKind::Postgres).await;
@@ -88,6 +89,11 @@ async fn an_altered_fence_sequence_is_refused() {
             "ALTER SEQUENCE lease_fence SET UNLOGGED",
             "lease_fence is unlogged",
             "ALTER SEQUENCE lease_fence SET LOGGED",
+        ),
+        (
+            "ALTER SEQUENCE lease_fence MAXVALUE 9223372036854775807",
+            "lease_fence has MAXVALUE 9223372036854775807",
+            "ALTER SEQUENCE lease_fence MAXVALUE 9007199254740991",
         ),
     ] {
         check_passes(&db, &format!("check before {alter}")).await;

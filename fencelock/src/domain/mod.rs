@@ -15,7 +15,7 @@ mod resource_name;
 pub mod ttl;
 pub mod wait;
 
-pub use fence::{Fence, FenceError};
+pub use fence::{Fence, FenceError, MAX_FENCE};
 #[cfg(feature = "fence-token")]
 pub use fence_token::{FenceKey, FenceKeyError, FenceKeys};
 pub use history::{HistoryLimit, HistoryRequest, LeaseEnd, LeaseHistory, PastLease, RecordedEnd};

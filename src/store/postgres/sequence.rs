@@ -3,7 +3,8 @@
 //! Every fence comes from `nextval('lease_fence')`, and "a new fence is greater than every
 //! fence issued before" holds only while that sequence is logged (an unlogged sequence is
 //! reset by a crash), has `CACHE 1` (a cache gives each session a range of its own, so fences
-//! stop increasing in the order they are issued), counts up without cycling, and is ahead
+//! stop increasing in the order they are issued), counts up without cycling to at most
+//! 2^53 - 1 (the largest fence a JSON client reads exactly), and is ahead
 //! of every fence already in `leases` (a restore, a `setval`, or a dump loaded without its
 //! sequences can put it behind). None of that is enforced by PostgreSQL, and one `ALTER
 //! SEQUENCE` by an operator breaks it silently, so the server checks it when it first
@@ -22,10 +23,12 @@ use tokio_postgres::Client;
 
 use super::classify;
 use crate::store::StoreError;
+use fencelock::domain::MAX_FENCE;
 
 /// The sequence and what it must be, as the catalog and the sequence itself say.
 const SEQUENCE: &str = "
-SELECT c.relpersistence = 'p', s.seqcache, s.seqincrement, s.seqcycle, f.last_value, f.is_called
+SELECT c.relpersistence = 'p', s.seqcache, s.seqincrement, s.seqcycle, f.last_value, f.is_called,
+       s.seqmax
 FROM pg_class c JOIN pg_sequence s ON s.seqrelid = c.oid, lease_fence f
 WHERE c.oid = 'lease_fence'::regclass";
 
@@ -48,6 +51,9 @@ struct Found {
     cache: i64,
     increment: i64,
     cycles: bool,
+    /// `MAXVALUE`: a fence above [`MAX_FENCE`] would be committed and then refused on
+    /// every read of its lease.
+    max: i64,
     /// The value the next `nextval()` returns, saturated at `i64::MAX` (an exhausted
     /// sequence refuses `nextval()` by itself).
     next: i64,
@@ -74,6 +80,12 @@ impl Found {
                 self.increment
             ));
         }
+        if self.max > MAX_FENCE {
+            return Some(format!(
+                "has MAXVALUE {}: fences above 2^53 - 1 are not exact in JSON and are refused; run `ALTER SEQUENCE lease_fence MAXVALUE {MAX_FENCE}`",
+                self.max
+            ));
+        }
         if self.cycles {
             return Some(
                 "is CYCLE: at its end it would start again at 1; run `ALTER SEQUENCE lease_fence NO CYCLE`"
@@ -85,7 +97,7 @@ impl Found {
 }
 
 /// Checks the fence sequence on `client` (a session of its own: the check sets a
-/// transaction-local planner setting): logged, `CACHE 1`, counting up, no cycle, and its
+/// transaction-local planner setting): logged, `CACHE 1`, counting up to at most 2^53 - 1, no cycle, and its
 /// next value above every fence in `leases`. Refusals are [`UnsafeSequence`], as
 /// [`StoreError::Misconfigured`]; a failure to read is classified as any other.
 pub(super) async fn check(client: &mut Client) -> Result<(), StoreError> {
@@ -99,6 +111,7 @@ pub(super) async fn check(client: &mut Client) -> Result<(), StoreError> {
         cache: row.get(1),
         increment: row.get(2),
         cycles: row.get(3),
+        max: row.get(6),
         next: next_value(&row),
     };
     if let Some(refusal) = found.refusal() {
@@ -157,6 +170,7 @@ mod tests {
             cache: 1,
             increment: 1,
             cycles: false,
+            max: super::MAX_FENCE,
             next: 1,
         }
     }
@@ -164,7 +178,7 @@ mod tests {
     #[test]
     fn only_a_logged_uncached_ascending_sequence_passes() {
         assert_eq!(safe().refusal(), None);
-        let cases: [(Found, &str); 4] = [
+        let cases: [(Found, &str); 5] = [
             (
                 Found {
                     logged: false,
@@ -192,6 +206,13 @@ mod tests {
                     ..safe()
                 },
                 "NO CYCLE",
+            ),
+            (
+                Found {
+                    max: i64::MAX,
+                    ..safe()
+                },
+                "MAXVALUE 9007199254740991`",
             ),
         ];
         for (found, fix) in cases {
