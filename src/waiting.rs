@@ -25,7 +25,11 @@
 //! The loop runs in a task of its own, not in the request's future: when a client goes away,
 //! actix drops the request's future, which may be in the middle of an attempt. The task sees
 //! the requester gone, leaves the queue, and releases a lease an attempt in flight was
-//! granted for nobody, so a gone waiter never keeps a lease.
+//! granted for nobody, so a gone waiter never keeps a lease. A grant counts as delivered only
+//! once the request has taken it ([`Answer`]): one whose request was dropped in between is
+//! released as well. The last step is actix's: with half-closures off (`startup`), a request
+//! whose client closed its side is dropped, not answered, even when its answer is ready in
+//! the same poll (`vendor/README.md`, change 4).
 
 use std::time::{Duration, Instant};
 
@@ -75,11 +79,26 @@ pub(crate) async fn acquire(
         }
         .run(reply),
     );
-    answer.await.unwrap_or_else(|_| {
-        Err(StoreError::unavailable(
+    match answer.await {
+        Ok(Answer { answer, received }) => {
+            // Nothing awaits between here and the response: from now on the answer is the
+            // request's (or the connection's, see `startup`'s half-closures).
+            let _ = received.send(());
+            answer
+        }
+        Err(_) => Err(StoreError::unavailable(
             "the waiting task ended unexpectedly",
-        ))
-    })
+        )),
+    }
+}
+
+/// What the waiting task passes to the request: its answer, and the way back that tells the
+/// task the request took it. A request dropped after the answer was sent but before it was
+/// taken (its client left meanwhile) drops `received` with it, and the task gives the lease
+/// back: a send into the channel is not a delivery.
+struct Answer {
+    answer: Result<Waited, StoreError>,
+    received: oneshot::Sender<()>,
 }
 
 struct Waiter {
@@ -97,7 +116,7 @@ enum Stop {
 }
 
 impl Waiter {
-    async fn run(self, mut reply: oneshot::Sender<Result<Waited, StoreError>>) {
+    async fn run(self, mut reply: oneshot::Sender<Answer>) {
         let until = self.started + self.req.wait.duration();
         let mut changes = self.store.changes().subscribe(&self.req.resource);
         changes.mark_seen();
@@ -118,12 +137,19 @@ impl Waiter {
         };
         let waited = self.started.elapsed();
         let answer = answer.map(|outcome| Waited { outcome, waited });
-        if let Err(Ok(Waited {
-            outcome: AcquireOutcome::Acquired { lease, .. },
-            ..
-        })) = reply.send(answer)
+        let granted = match &answer {
+            Ok(Waited {
+                outcome: AcquireOutcome::Acquired { lease, .. },
+                ..
+            }) => Some(lease.fence),
+            _ => None,
+        };
+        let (received, taken) = oneshot::channel();
+        let sent = reply.send(Answer { answer, received }).is_ok();
+        if let Some(fence) = granted
+            && (!sent || taken.await.is_err())
         {
-            self.release_for_nobody(lease.fence).await;
+            self.release_for_nobody(fence).await;
         }
     }
 
@@ -135,7 +161,7 @@ impl Waiter {
         mut free_in: Duration,
         mut delayed_until: Option<DateTime<Utc>>,
         changes: &mut Subscription,
-        reply: &mut oneshot::Sender<Result<Waited, StoreError>>,
+        reply: &mut oneshot::Sender<Answer>,
     ) -> Stop {
         let left = until.saturating_duration_since(Instant::now());
         let ticket = match self.bounded(self.store.enqueue(&self.req, left)).await {
@@ -297,6 +323,107 @@ impl Waiter {
                     "could not release a lease granted to a waiter whose client had gone"
                 ),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use fencelock::domain::{Inspection, LockDelay, Owner, ResourceName, Ttl, WaitFor};
+
+    const STORE_TIMEOUT: Duration = Duration::from_secs(5);
+
+    fn store(dir: &tempfile::TempDir) -> SharedStore {
+        let store = crate::store::sqlite::SqliteStore::open(&dir.path().join("leases.db"))
+            .expect("a fresh SQLite store");
+        Arc::new(store)
+    }
+
+    fn request(resource: &ResourceName) -> AcquireRequest {
+        AcquireRequest {
+            resource: resource.clone(),
+            owner: Owner::parse("waiter").unwrap(),
+            ttl: Ttl::new(60, Ttl::max(3600).unwrap()).unwrap(),
+            lock_delay: LockDelay::NONE,
+            token: None,
+            wait: WaitFor::new(10_000, 60_000).unwrap(),
+            ticket: None,
+        }
+    }
+
+    /// Runs a waiter for `resource` (free: its first attempt is granted) and hands back the
+    /// request's end of the channel once the answer is in it, with the waiter's task.
+    async fn granted_answer(
+        store: &SharedStore,
+        resource: &ResourceName,
+    ) -> (oneshot::Receiver<Answer>, tokio::task::JoinHandle<()>) {
+        let (reply, answer) = oneshot::channel();
+        let task = tokio::spawn(
+            Waiter {
+                store: store.clone(),
+                req: request(resource),
+                store_timeout: STORE_TIMEOUT,
+                started: Instant::now(),
+            }
+            .run(reply),
+        );
+        let sent = tokio::time::timeout(STORE_TIMEOUT, async {
+            while answer.is_empty() && !answer.is_terminated() {
+                tokio::task::yield_now().await;
+            }
+        });
+        sent.await.expect("the waiter answered");
+        (answer, task)
+    }
+
+    async fn inspect(store: &SharedStore, resource: &ResourceName) -> Inspection {
+        store.inspect(resource).await.expect("inspect")
+    }
+
+    /// The request was dropped (its client left) after the grant was sent to it but before it
+    /// took it: nobody received the lease, so it is released.
+    #[tokio::test]
+    async fn a_grant_sent_to_a_request_that_never_took_it_is_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let resource = ResourceName::parse("sent-not-taken").unwrap();
+        let (answer, task) = granted_answer(&store, &resource).await;
+        assert!(matches!(
+            inspect(&store, &resource).await,
+            Inspection::Live(_)
+        ));
+        drop(answer);
+        task.await.expect("the waiter's task");
+        let left = inspect(&store, &resource).await;
+        assert!(
+            matches!(left, Inspection::Absent),
+            "a grant nobody received was kept: {left:?}"
+        );
+    }
+
+    /// A grant the request took stays the requester's.
+    #[tokio::test]
+    async fn a_grant_the_request_took_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let resource = ResourceName::parse("sent-and-taken").unwrap();
+        let (answer, task) = granted_answer(&store, &resource).await;
+        let Answer { answer, received } = answer.await.expect("an answer");
+        received.send(()).expect("the waiter waits for the receipt");
+        let Ok(Waited {
+            outcome: AcquireOutcome::Acquired { lease, .. },
+            ..
+        }) = answer
+        else {
+            panic!("not granted: {answer:?}");
+        };
+        task.await.expect("the waiter's task");
+        match inspect(&store, &resource).await {
+            Inspection::Live(live) => assert_eq!(live.fence, lease.fence),
+            other => panic!("a grant the request took was released: {other:?}"),
         }
     }
 }
