@@ -21,6 +21,7 @@ mod fence_sequence;
 mod group_commit;
 mod guard_mysql;
 mod guard_sql;
+mod half_close;
 mod handover;
 mod health;
 mod history;

@@ -1399,12 +1399,23 @@ where
 
                     if should_disconnect {
                         // I/O stream should to be closed
-                        let inner = inner.as_mut().project();
+                        let mut inner = inner.as_mut().project(); // fencelock patch: was `let inner`
                         inner.flags.insert(Flags::READ_DISCONNECT);
                         if let Some(mut payload) = inner.payload.take() {
                             payload.set_error(PayloadError::Incomplete(None));
                             payload.feed_eof();
                         }
+                        // fencelock patch: without half-closures, a client that closed its
+                        // side is gone, and its requests are not answered: upstream polls the
+                        // request in flight once more below, and an answer ready in this very
+                        // poll is written to a client that left (a lease granted to nobody).
+                        // Dropped here instead, as a later poll would; refusals stay queued.
+                        if !inner.config.h1_allow_half_closed() { // fencelock patch
+                            if matches!(inner.state.as_ref().get_ref(), State::ServiceCall { .. } | State::ExpectCall { .. }) { // fencelock patch
+                                inner.state.set(State::None); // fencelock patch
+                            } // fencelock patch
+                            inner.messages.retain(|m| !matches!(m, DispatcherMessage::Item(_))); // fencelock patch
+                        } // fencelock patch
                     };
 
                     loop {
