@@ -209,9 +209,13 @@ async fn the_printed_sql_applies_twice_and_admits_by_the_fence() {
         Answer::Admitted
     );
     assert_eq!(db.fence_of("report").await, Some(9_007_199_254_740_991));
-    // Keys differ by case: each has its own fence.
+    // Keys differ by case, and by trailing spaces (which MySQL's PAD SPACE collations would
+    // ignore): each has its own fence.
     assert_eq!(admit(&mut session, "Report", "1").await, Answer::Admitted);
     assert_eq!(db.fence_of("Report").await, Some(1));
+    assert_eq!(admit(&mut session, "report ", "2").await, Answer::Admitted);
+    assert_eq!(db.fence_of("report ").await, Some(2));
+    assert_eq!(db.fence_of("report").await, Some(9_007_199_254_740_991));
 
     // Long keys and tokens are refused with a message MySQL can carry (128 characters),
     // the current fence first.
@@ -225,6 +229,40 @@ async fn the_printed_sql_applies_twice_and_admits_by_the_fence() {
     assert!(message.starts_with("not a fence token"), "{message}");
     let too_long = "k".repeat(256);
     admit(&mut session, &too_long, "5").await.refused("FL400");
+}
+
+/// A fences table an earlier script made, with a VARCHAR key that pads with spaces, is
+/// converted when the script is applied again: its fences stay, and keys that differ only by
+/// trailing spaces no longer share one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_again_converts_an_earlier_fences_table() {
+    let db = TestMysql::new().await;
+    let mut session = db.session().await;
+    session
+        .query_drop(
+            "CREATE TABLE fencelock_guard_fences (
+                `key` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+                fence BIGINT NOT NULL,
+                updated_at DATETIME(6) NOT NULL,
+                CONSTRAINT fencelock_guard_fences_pkey PRIMARY KEY (`key`)
+            ) ENGINE = InnoDB",
+        )
+        .await
+        .unwrap();
+    session
+        .query_drop("INSERT INTO fencelock_guard_fences VALUES ('report', 5, UTC_TIMESTAMP(6))")
+        .await
+        .unwrap();
+    drop(session);
+    db.apply(&[]);
+    db.apply(&[]);
+
+    let mut session = db.session().await;
+    let message = admit(&mut session, "report", "4").await.refused("FL409");
+    assert!(message.contains("the current fence is 5"), "{message}");
+    assert_eq!(admit(&mut session, "report ", "1").await, Answer::Admitted);
+    assert_eq!(db.fence_of("report ").await, Some(1));
+    assert_eq!(db.fence_of("report").await, Some(5));
 }
 
 /// A refusal rolls the caller's transaction back, as PostgreSQL's ends it: nothing of it is

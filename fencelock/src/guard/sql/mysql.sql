@@ -14,14 +14,30 @@
 -- Written for the mysql or mariadb client, whose DELIMITER command it uses.
 
 -- The highest fence admitted per key. A row is never deleted: without it, a writer whose
--- lease has passed would be admitted again.
+-- lease has passed would be admitted again. The key is its UTF-8 bytes (up to 255
+-- characters), compared byte for byte: MySQL's and MariaDB's `_bin` collations pad with
+-- spaces, so that 'doc' and 'doc ' would share one fence.
 CREATE TABLE IF NOT EXISTS fencelock_guard_fences (
-    `key`      VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    `key`      VARBINARY(1020) NOT NULL,
     fence      BIGINT      NOT NULL,
     updated_at DATETIME(6) NOT NULL COMMENT 'UTC',
     CONSTRAINT fencelock_guard_fences_pkey PRIMARY KEY (`key`),
     CONSTRAINT fencelock_guard_fences_positive CHECK (fence > 0)
 ) ENGINE = InnoDB;
+
+-- A table made by an earlier version of this script, with a VARCHAR key, is converted (the
+-- bytes stay as they are). Keys that differ only by trailing spaces shared its rows until
+-- then; each has its own from now on.
+SET @fencelock_guard_convert = (
+    SELECT IF(COUNT(*) = 0, 'DO 0',
+              'ALTER TABLE fencelock_guard_fences MODIFY `key` VARBINARY(1020) NOT NULL')
+    FROM information_schema.COLUMNS
+    WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'fencelock_guard_fences'
+      AND COLUMN_NAME = 'key' AND DATA_TYPE <> 'varbinary');
+PREPARE fencelock_guard_convert FROM @fencelock_guard_convert;
+EXECUTE fencelock_guard_convert;
+DEALLOCATE PREPARE fencelock_guard_convert;
+SET @fencelock_guard_convert = NULL;
 
 -- The secrets that sign fence tokens, shared with the lease server's --fence-key, each as
 -- HMAC uses it (a key longer than 64 bytes by its SHA-256, as RFC 2104 says). None: the
