@@ -34,7 +34,8 @@ pub fn install_refusal_renderer() {
 /// in the request line or a header, bad or conflicting framing headers (`400`), a head too
 /// large (`431`) or too slow (`408`), a target too long for a URI (`414`). `received` is what
 /// the client sent, from its start. A client's mistake, so logged at WARN: any client can
-/// send these. The answer carries its request id in `X-Request-Id`, as every answer does.
+/// send these. The answer carries its request id in `X-Request-Id`, as every answer does: the
+/// client's own when its head gave a valid one.
 pub(crate) fn refused_by_parser(status: StatusCode, received: &[u8]) -> Refusal {
     let too_long = matches!(
         status,
@@ -61,8 +62,9 @@ pub(crate) fn refused_by_parser(status: StatusCode, received: &[u8]) -> Refusal 
         other => ApiError::from_status(other),
     };
     let instance = request_target(received);
-    // The parser refused the head, so no header of it is trusted; the id is new.
-    let id = request_id(None);
+    // The client's id is kept by the same rule as on every other request: the value alone is
+    // checked, so a refused head does not make a valid id untrustworthy.
+    let id = request_id(given_request_id(received).as_ref());
     tracing::warn!(
         http.status = status.as_u16(),
         http.target = %instance,
@@ -79,6 +81,28 @@ pub(crate) fn refused_by_parser(status: StatusCode, received: &[u8]) -> Refusal 
         headers,
         body: Bytes::from(error.problem_json(&instance, &id)),
     }
+}
+
+/// The value of the first `X-Request-Id` header line that arrived whole in the head at the
+/// start of `received` (the name in any case; the value without the spaces around it), as
+/// the router takes the first of several. A line cut short (a head too slow or too large)
+/// is not read.
+fn given_request_id(received: &[u8]) -> Option<HeaderValue> {
+    // After the last newline comes a line not yet whole.
+    let whole = received.iter().filter(|b| **b == b'\n').count();
+    received
+        .split(|b| *b == b'\n')
+        .take(whole)
+        .skip(1)
+        .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
+        .take_while(|line| !line.is_empty())
+        .find_map(|line| {
+            let (name, value) = line.split_at_checked(REQUEST_ID.len() + 1)?;
+            let name = name.strip_suffix(b":")?;
+            name.eq_ignore_ascii_case(REQUEST_ID.as_bytes())
+                .then(|| HeaderValue::from_bytes(value.trim_ascii()).ok())
+                .flatten()
+        })
 }
 
 /// The target of the request line at the start of `received`, as far as it arrived (empty
@@ -124,6 +148,35 @@ mod tests {
         let long = format!("GET /{} HTTP/1.1", "a".repeat(100_000));
         let quoted = request_target(long.as_bytes());
         assert!(quoted.len() <= MAX_INSTANCE_BYTES + 3 && quoted.ends_with("..."));
+    }
+
+    #[test]
+    fn a_whole_request_id_line_of_the_head_is_read() {
+        let id =
+            |received: &[u8]| given_request_id(received).map(|v| v.to_str().unwrap().to_owned());
+        let head =
+            b"GET /x HTTP/1.1\r\nHost: x\r\nx-REQUEST-id:  abc-1 \r\nX-Request-Id: two\r\n\r\n";
+        assert_eq!(id(head).as_deref(), Some("abc-1"));
+        assert_eq!(
+            id(b"GET /x HTTP/1.1\nX-Request-Id:abc\n").as_deref(),
+            Some("abc")
+        );
+        // Cut short, after the head, or in the request line: not a header of this request.
+        assert_eq!(id(b"GET /x HTTP/1.1\r\nX-Request-Id: abc"), None);
+        assert_eq!(id(b"GET /x HTTP/1.1\r\n\r\nX-Request-Id: abc\r\n"), None);
+        assert_eq!(id(b"X-Request-Id: abc\r\n"), None);
+        assert_eq!(id(b"GET /x HTTP/1.1\r\nX-Request-Ids: abc\r\n"), None);
+        assert_eq!(id(b"GET /x HTTP/1.1\r\nX-Request-Id : abc\r\n"), None);
+        // What the value may be is the router's rule, `request_id`.
+        let refusal = refused_by_parser(StatusCode::BAD_REQUEST, head);
+        let header = refusal.headers.iter().find(|(n, _)| n == REQUEST_ID);
+        assert_eq!(header.unwrap().1, "abc-1");
+        let refusal = refused_by_parser(
+            StatusCode::BAD_REQUEST,
+            b"GET / HTTP/1.1\r\nX-Request-Id: a b\r\n",
+        );
+        let header = refusal.headers.iter().find(|(n, _)| n == REQUEST_ID);
+        assert_ne!(header.unwrap().1, "a b");
     }
 
     #[test]

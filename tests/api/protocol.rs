@@ -119,6 +119,51 @@ async fn parser_refusals_are_problem_documents(kind: StoreKind) {
     }
 }
 
+/// A refused head keeps the client's `X-Request-Id` by the rule of every request: a valid
+/// one is the answer's, an invalid one is replaced.
+async fn parser_refusals_keep_a_valid_request_id(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let many_headers: String = (0..101).map(|i| format!("X-H{i}: v\r\n")).collect();
+    for (name, request, status) in [
+        (
+            "control byte in another header",
+            head(
+                "GET /healthz HTTP/1.1",
+                "X-Request-Id: kept.by_the-parser\r\nX-A: a\x01b\r\n",
+            ),
+            400,
+        ),
+        (
+            "too many headers",
+            head(
+                "GET /healthz HTTP/1.1",
+                &format!("X-Request-Id: kept.by_the-parser\r\n{many_headers}"),
+            ),
+            431,
+        ),
+    ] {
+        let response = app.raw(&request).await;
+        assert_eq!(response.status, status, "{name}");
+        assert_eq!(
+            response.header("x-request-id"),
+            Some("kept.by_the-parser"),
+            "{name}"
+        );
+        let problem: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
+        assert_eq!(problem["request_id"], "kept.by_the-parser", "{name}");
+    }
+    let response = app
+        .raw(&head(
+            "GET /healthz HTTP/1.1",
+            "X-Request-Id: not kept\r\nX-A: a\x01b\r\n",
+        ))
+        .await;
+    assert_eq!(response.status, 400);
+    let id = response.header("x-request-id").expect("a request id");
+    assert_ne!(id, "not kept");
+    assert!(!id.is_empty());
+}
+
 /// A `CONNECT` names an authority, not a path: the problem's instance is that target.
 async fn connect_gets_its_target_as_instance(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
@@ -131,5 +176,6 @@ async fn connect_gets_its_target_as_instance(kind: StoreKind) {
 
 contract!(
     parser_refusals_are_problem_documents,
+    parser_refusals_keep_a_valid_request_id,
     connect_gets_its_target_as_instance,
 );
