@@ -88,13 +88,17 @@ async fn install(url: Option<&str>, keys: &FenceKeys, timeout: Duration) -> anyh
         );
     };
     let pool = postgres::pool(&pg, 1, timeout)?;
+    // Sorted as the server sorts it: a pool error's text repeats its cause's, which
+    // anyhow's chain would print twice.
     let client = pool
         .get()
         .await
+        .map_err(postgres::classify_pool)
         .with_context(|| format!("connecting to {}", pg.redacted_url))?;
     client
         .batch_execute(&sql::postgres(keys))
         .await
+        .map_err(postgres::classify)
         .with_context(|| format!("installing the guard into {}", pg.redacted_url))?;
     Ok(pg.redacted_url.clone())
 }

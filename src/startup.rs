@@ -72,7 +72,7 @@ fn split_connections(cap: u64) -> (usize, usize) {
 /// Refuses to serve without tokens on an address other than loopback, unless that is asked
 /// for; returns whether the server is exposed without tokens (to be warned about).
 pub(crate) fn check_exposure(settings: &Settings) -> anyhow::Result<bool> {
-    let exposed = settings.auth.is_none() && !settings.bind.ip().is_loopback();
+    let exposed = settings.auth.is_none() && !is_loopback(settings.bind.ip());
     if exposed && !settings.allow_unauthenticated {
         anyhow::bail!(
             "refusing to serve without --auth-file on {}, which is not a loopback address: give --auth-file, or --allow-unauthenticated if anyone who can reach it may take and release leases",
@@ -80,6 +80,13 @@ pub(crate) fn check_exposure(settings: &Settings) -> anyhow::Result<bool> {
         );
     }
     Ok(exposed)
+}
+
+/// Whether only this machine can reach `ip`: an IPv4-mapped IPv6 address
+/// (`::ffff:127.0.0.1`) is the IPv4 address it maps, which `Ipv6Addr::is_loopback` does not
+/// see.
+fn is_loopback(ip: std::net::IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
 }
 
 /// See `client_disconnect_timeout` in [`Application::serve`].
@@ -497,6 +504,22 @@ mod tests {
         assert_eq!(per_peer_cap(None, 2), Some(2));
         assert_eq!(per_peer_cap(Some(0), 10_000), None);
         assert_eq!(per_peer_cap(Some(7), 10_000), Some(7));
+    }
+
+    #[test]
+    fn a_mapped_loopback_address_is_loopback() {
+        for loopback in ["127.0.0.1", "127.3.2.1", "::1", "::ffff:127.0.0.1"] {
+            assert!(is_loopback(loopback.parse().unwrap()), "{loopback}");
+        }
+        for exposed in [
+            "0.0.0.0",
+            "::",
+            "10.0.0.1",
+            "::ffff:10.0.0.1",
+            "::ffff:0.0.0.0",
+        ] {
+            assert!(!is_loopback(exposed.parse().unwrap()), "{exposed}");
+        }
     }
 
     #[test]

@@ -722,3 +722,37 @@ async fn the_rust_guard_admits_through_the_sql_function() {
         ["1", "1", "1"]
     );
 }
+
+/// A failed `fencelock guard install` says so in one line, naming the database without its
+/// password, and its cause once (a pool error's text repeats its cause's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_guard_install_says_its_cause_once() {
+    let db = TestDb::new(StoreKind::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let missing = format!("{}_missing", db.url());
+    let output = process::run(
+        dir.path(),
+        &["guard", "install", "--database-url", &missing],
+    );
+    let line =
+        fencelock_testkit::assert_failed_in_one_line(&output, "guard install, no such database");
+    assert!(
+        line.starts_with("fencelock guard: connecting to "),
+        "{line}"
+    );
+    assert!(line.contains("does not exist"), "{line}");
+    assert_eq!(line.matches("db error").count(), 1, "{line}");
+
+    let refused = format!(
+        "postgres://postgres@127.0.0.1:{}/x",
+        fencelock_testkit::closed_port()
+    );
+    let output = process::run(
+        dir.path(),
+        &["guard", "install", "--database-url", &refused],
+    );
+    let line =
+        fencelock_testkit::assert_failed_in_one_line(&output, "guard install, nobody listening");
+    assert!(line.contains("store unavailable"), "{line}");
+    assert_eq!(line.matches("error connecting").count(), 1, "{line}");
+}
