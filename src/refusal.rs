@@ -8,11 +8,13 @@
 
 use std::fmt::Write as _;
 
+use actix_http::Extensions;
 use actix_http::h1::Refusal;
-use actix_web::http::StatusCode;
 use actix_web::http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
+use actix_web::http::{Method, StatusCode};
 use actix_web::web::Bytes;
 use fencelock::http::ApiError;
+use fencelock::http::metrics::HttpMetrics;
 use fencelock::http::middleware::{REQUEST_ID, request_id};
 use fencelock::http::problem::PROBLEM_JSON;
 
@@ -36,7 +38,15 @@ pub fn install_refusal_renderer() {
 /// the client sent, from its start. A client's mistake, so logged at WARN: any client can
 /// send these. The answer carries its request id in `X-Request-Id`, as every answer does: the
 /// client's own when its head gave a valid one.
-pub(crate) fn refused_by_parser(status: StatusCode, received: &[u8]) -> Refusal {
+///
+/// It is counted in `fencelock_http_requests_total` under the route `unmatched`, as an answer
+/// of this server, when the connection's data hold the server's [`HttpMetrics`] (its
+/// `on_connect` hook puts them there).
+pub(crate) fn refused_by_parser(
+    status: StatusCode,
+    received: &[u8],
+    connection: Option<&Extensions>,
+) -> Refusal {
     let too_long = matches!(
         status,
         StatusCode::BAD_REQUEST | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
@@ -72,6 +82,10 @@ pub(crate) fn refused_by_parser(status: StatusCode, received: &[u8]) -> Refusal 
         detail = %error,
         "request refused by the HTTP parser"
     );
+    if let Some(metrics) = connection.and_then(Extensions::get::<HttpMetrics>) {
+        let method = method(received);
+        metrics.count_unrouted(method.as_ref(), status.as_u16());
+    }
     let mut headers = vec![(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON))];
     if let Ok(value) = HeaderValue::from_str(&id) {
         headers.push((HeaderName::from_static(REQUEST_ID), value));
@@ -105,12 +119,27 @@ fn given_request_id(received: &[u8]) -> Option<HeaderValue> {
         })
 }
 
+/// The request line at the start of `received`, as far as it arrived.
+fn request_line(received: &[u8]) -> &[u8] {
+    let line = received.split(|b| *b == b'\n').next().unwrap_or_default();
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
 /// The target of the request line at the start of `received`, as far as it arrived (empty
 /// when there is none).
 fn target(received: &[u8]) -> &[u8] {
-    let line = received.split(|b| *b == b'\n').next().unwrap_or_default();
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    line.split(|b| *b == b' ').nth(1).unwrap_or_default()
+    request_line(received)
+        .split(|b| *b == b' ')
+        .nth(1)
+        .unwrap_or_default()
+}
+
+/// The method of the request line at the start of `received`, if one arrived whole (a space
+/// follows it) and is a valid token.
+fn method(received: &[u8]) -> Option<Method> {
+    let line = request_line(received);
+    let end = line.iter().position(|b| *b == b' ')?;
+    Method::from_bytes(&line[..end]).ok()
 }
 
 /// The target of the request line at the start of `received`, as far as it can be told, with
@@ -168,12 +197,13 @@ mod tests {
         assert_eq!(id(b"GET /x HTTP/1.1\r\nX-Request-Ids: abc\r\n"), None);
         assert_eq!(id(b"GET /x HTTP/1.1\r\nX-Request-Id : abc\r\n"), None);
         // What the value may be is the router's rule, `request_id`.
-        let refusal = refused_by_parser(StatusCode::BAD_REQUEST, head);
+        let refusal = refused_by_parser(StatusCode::BAD_REQUEST, head, None);
         let header = refusal.headers.iter().find(|(n, _)| n == REQUEST_ID);
         assert_eq!(header.unwrap().1, "abc-1");
         let refusal = refused_by_parser(
             StatusCode::BAD_REQUEST,
             b"GET / HTTP/1.1\r\nX-Request-Id: a b\r\n",
+            None,
         );
         let header = refusal.headers.iter().find(|(n, _)| n == REQUEST_ID);
         assert_ne!(header.unwrap().1, "a b");
@@ -193,7 +223,7 @@ mod tests {
                 status: answered,
                 headers,
                 body,
-            } = refused_by_parser(status, b"GET /x HTTP/1.1\r\n");
+            } = refused_by_parser(status, b"GET /x HTTP/1.1\r\n", None);
             assert_eq!(answered, status);
             let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
             let header = |name| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v);

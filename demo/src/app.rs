@@ -134,6 +134,8 @@ impl DemoServer {
         let http_metrics = web::Data::new(HttpMetrics::register(&registry));
         let registry = web::Data::new(registry);
         fencelock_server::install_refusal_renderer();
+        // The answers the HTTP parser gives by itself are counted in the connection's metrics.
+        let refusals = http_metrics.get_ref().clone();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(docs.clone())
@@ -158,6 +160,9 @@ impl DemoServer {
                 .wrap(from_fn(http::metrics::count))
         })
         .disable_signals()
+        .on_connect(move |_, extensions| {
+            extensions.insert(refusals.clone());
+        })
         .listen(listener)?
         .run();
         Ok(Self {

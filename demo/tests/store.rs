@@ -831,7 +831,8 @@ async fn store_starts_without_postgres_and_serves_once_it_answers() {
 
 const JSON: &str = "Content-Type: application/json\r\n";
 
-/// A control byte in `Fencing-Token` is refused by the HTTP parser itself: still a problem.
+/// A control byte in `Fencing-Token` is refused by the HTTP parser itself: still a problem,
+/// and counted.
 async fn control_byte_in_fencing_token_is_a_problem(kind: StoreKind) {
     let store = TestStore::spawn(kind, Guarding::On).await;
     let headers = format!("{JSON}Fencing-Token: 1\x01\r\n");
@@ -845,6 +846,14 @@ async fn control_byte_in_fencing_token_is_a_problem(kind: StoreKind) {
         .raw(b"GET /docs/doc:1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await;
     assert_eq!(read.status, 404, "nothing was written");
+    // Counted among the store's answers, as the lease server counts its own.
+    let text = store.get("/metrics").await.text().await.unwrap();
+    let labels = [("route", "unmatched"), ("method", "PUT"), ("status", "400")];
+    assert_eq!(
+        Exposition::parse(&text).value("fencelock_http_requests_total", &labels),
+        1.0,
+        "{text}"
+    );
 }
 
 /// `.` and `..` are no keys (clients rewrite them), `422`; names with dots are fine.

@@ -376,7 +376,7 @@ async fn connected(app: &TestApp, bytes: &[u8]) -> TcpStream {
 
 /// A head that stops halfway is answered `408` with its whole problem document before the
 /// close: the body read up to the end of the connection is exactly as long as the
-/// `Content-Length` the answer declares.
+/// `Content-Length` the answer declares. It is counted among the server's answers.
 async fn a_slow_head_gets_its_whole_408_before_the_close(kind: StoreKind) {
     let app = app_with_short_timeout(kind).await;
     let mut stream = connected(&app, b"POST /locks/job:1 HTTP/1.1\r\nHost: x\r\n").await;
@@ -408,6 +408,14 @@ async fn a_slow_head_gets_its_whole_408_before_the_close(kind: StoreKind) {
     let response = parse_raw(&received).expect("a complete answer");
     crate::helpers::assert_raw_problem(&response, 408, "request-timeout");
     assert_eq!(response.header("connection"), Some("close"));
+    // Counted as every answer is, under the method of its request line.
+    let labels = [
+        ("route", "unmatched"),
+        ("method", "POST"),
+        ("status", "408"),
+    ];
+    let metrics = app.metrics().await;
+    assert_eq!(metrics.value("fencelock_http_requests_total", &labels), 1.0);
 }
 
 /// A client that falls silent after an answer that leaves its body unread (`413` at once

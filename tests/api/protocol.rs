@@ -1,7 +1,11 @@
 //! Requests the HTTP parser itself refuses, before any route: still problem documents,
 //! sent over raw TCP since no HTTP client would send them.
 
+use std::collections::BTreeMap;
+
 use crate::helpers::{StoreKind, TestApp, assert_raw_problem};
+
+const REQUESTS: &str = "fencelock_http_requests_total";
 
 /// One request the parser refuses: what is sent, the answer's status, type and instance.
 pub struct Refused {
@@ -174,7 +178,58 @@ async fn connect_gets_its_target_as_instance(kind: StoreKind) {
     assert_eq!(problem["instance"], "example.com:443");
 }
 
+/// The parser's refusals are answers of this server like any other: counted in
+/// `fencelock_http_requests_total` by status, under the route `unmatched` and the method of
+/// their request line where it can still be told (`other` where it cannot).
+async fn parser_refusals_are_counted(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let mut expected: BTreeMap<(&str, String), f64> = BTreeMap::new();
+    for case in refused_requests() {
+        let response = app.raw(&case.request).await;
+        assert_eq!(response.status, case.status, "{}", case.name);
+        // Where the parser consumed the head before refusing it, its method cannot be told.
+        let method = match &case.instance {
+            None => "other",
+            Some(_) if case.request.starts_with(b"POST ") => "POST",
+            Some(_) => "GET",
+        };
+        *expected
+            .entry((method, case.status.to_string()))
+            .or_default() += 1.0;
+    }
+    // A request line that is not one: no method to name.
+    let response = app.raw(b"\x01\x02\x03\r\n\r\n").await;
+    assert_eq!(response.status, 400);
+    *expected.entry(("other", "400".to_owned())).or_default() += 1.0;
+
+    let metrics = app.metrics().await;
+    for ((method, status), count) in &expected {
+        let labels = [
+            ("route", "unmatched"),
+            ("method", *method),
+            ("status", status.as_str()),
+        ];
+        assert_eq!(
+            metrics.value(REQUESTS, &labels),
+            *count,
+            "{method} {status} refused by the parser"
+        );
+    }
+    let refused: f64 = metrics
+        .family(REQUESTS)
+        .iter()
+        .filter(|s| s.labels["route"] == "unmatched")
+        .map(|s| s.value)
+        .sum();
+    assert_eq!(
+        refused,
+        expected.values().sum::<f64>(),
+        "every refusal once"
+    );
+}
+
 contract!(
+    parser_refusals_are_counted,
     parser_refusals_are_problem_documents,
     parser_refusals_keep_a_valid_request_id,
     connect_gets_its_target_as_instance,

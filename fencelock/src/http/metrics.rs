@@ -40,6 +40,17 @@ impl HttpMetrics {
             seconds: metrics::histogram(registry, &metrics::HTTP_SECONDS, metrics::LATENCY_BUCKETS),
         }
     }
+
+    /// Counts an answer that no route and no middleware saw, under the route
+    /// [`label::UNMATCHED_ROUTE`]: one the HTTP layer gave by itself (a request its parser
+    /// refused), whose request line began with `method` if it had one. Not timed: such a
+    /// request has no known arrival (its head may never have been whole).
+    pub fn count_unrouted(&self, method: Option<&Method>, status: u16) {
+        let method = method.map_or(label::OTHER_METHOD, method_label);
+        self.requests
+            .with_label_values(&[label::UNMATCHED_ROUTE, method, &status.to_string()])
+            .inc();
+    }
 }
 
 /// Counts and times every request of an app whose app data holds its [`HttpMetrics`]; an app

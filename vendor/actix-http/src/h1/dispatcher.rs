@@ -634,7 +634,7 @@ where
                         // send_response would update InnerDispatcher state to SendPayload or None
                         // (If response body is empty)
                         // continue loop to poll it
-                        let body = super::refusal::body(&mut res, this.read_buf); // fencelock patch
+                        let body = super::refusal::body(&mut res, this.read_buf, this.conn_data.as_deref()); // fencelock patch
                         self.as_mut().send_error_response(res, body)?;
                     }
 
@@ -1079,7 +1079,8 @@ where
                 // else: a body left to the response state (as `send_error_response` does)
                 // would never be sent, after a head that announced its length.
                 let mut res = Response::with_body(StatusCode::REQUEST_TIMEOUT, ()); // fencelock patch
-                let body = super::refusal::bytes(&mut res, self.as_mut().project().read_buf); // fencelock patch
+                let this = self.as_mut().project(); // fencelock patch
+                let body = super::refusal::bytes(&mut res, this.read_buf, this.conn_data.as_deref()); // fencelock patch
                 res.head_mut().set_connection_type(ConnectionType::Close); // fencelock patch
                 let this = self.as_mut().project(); // fencelock patch
                 let size = BodySize::Sized(body.len() as u64); // fencelock patch

@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 
-use crate::{body::BoxBody, Response};
+use crate::{body::BoxBody, Extensions, Response};
 
 /// A refusal as the renderer answers it.
 pub struct Refusal {
@@ -19,8 +19,9 @@ pub struct Refusal {
 }
 
 /// Renders the answer for `status`, given the start of what the client sent (which may hold
-/// a request line, or not).
-pub type RefusalRenderer = fn(StatusCode, &[u8]) -> Refusal;
+/// a request line, or not) and the connection's data (what the server's `on_connect` hook
+/// put there, if it has one), where the renderer may find what it counts the refusal in.
+pub type RefusalRenderer = fn(StatusCode, &[u8], Option<&Extensions>) -> Refusal;
 
 static RENDERER: std::sync::OnceLock<RefusalRenderer> = std::sync::OnceLock::new();
 
@@ -30,20 +31,28 @@ pub fn set_refusal_renderer(render: RefusalRenderer) {
 }
 
 /// The body for a response the dispatcher makes itself; empty without a renderer.
-pub(crate) fn body(res: &mut Response<()>, received: &[u8]) -> BoxBody {
+pub(crate) fn body(
+    res: &mut Response<()>,
+    received: &[u8],
+    conn_data: Option<&Extensions>,
+) -> BoxBody {
     match RENDERER.get() {
-        Some(_) => BoxBody::new(bytes(res, received)),
+        Some(_) => BoxBody::new(bytes(res, received, conn_data)),
         None => BoxBody::new(()),
     }
 }
 
 /// [`body`] as bytes, for an answer written in one go (the `408` of a slow head, which is
 /// followed by a shutdown that writes nothing more); empty without a renderer.
-pub(crate) fn bytes(res: &mut Response<()>, received: &[u8]) -> Bytes {
+pub(crate) fn bytes(
+    res: &mut Response<()>,
+    received: &[u8],
+    conn_data: Option<&Extensions>,
+) -> Bytes {
     let Some(render) = RENDERER.get() else {
         return Bytes::new();
     };
-    let refusal = render(res.status(), received);
+    let refusal = render(res.status(), received, conn_data);
     *res.status_mut() = refusal.status;
     for (name, value) in refusal.headers {
         res.headers_mut().insert(name, value);
