@@ -46,7 +46,7 @@ mod wake;
 
 // The façade: what the test kit, the demo and the benchmarks use of the server.
 pub use config::{LogFormat, Settings};
-pub use refusal::install_refusal_renderer;
+pub use refusal::{count_refusals, install_refusal_renderer};
 pub use run::main;
 pub use shutdown::stop_on_signal;
 pub use startup::{Application, raise_open_file_limit};

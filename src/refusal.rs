@@ -32,6 +32,12 @@ pub fn install_refusal_renderer() {
     actix_http::h1::set_refusal_renderer(refused_by_parser);
 }
 
+/// Makes the refusals of a connection count in `metrics`: for the `on_connect` hook of every
+/// server that installs the renderer, with its app's [`HttpMetrics`].
+pub fn count_refusals(connection: &mut Extensions, metrics: &HttpMetrics) {
+    connection.insert(metrics.clone());
+}
+
 /// The answer to a request refused by the HTTP/1 parser before any route sees it: bad bytes
 /// in the request line or a header, bad or conflicting framing headers (`400`), a head too
 /// large (`431`) or too slow (`408`), a target too long for a URI (`414`). `received` is what
@@ -40,8 +46,8 @@ pub fn install_refusal_renderer() {
 /// client's own when its head gave a valid one.
 ///
 /// It is counted in `fencelock_http_requests_total` under the route `unmatched`, as an answer
-/// of this server, when the connection's data hold the server's [`HttpMetrics`] (its
-/// `on_connect` hook puts them there).
+/// of this server, when the connection's data hold the server's [`HttpMetrics`]
+/// ([`count_refusals`]).
 pub(crate) fn refused_by_parser(
     status: StatusCode,
     received: &[u8],

@@ -308,7 +308,7 @@ impl Application {
         let live_leases = metrics::gauge(&registry, &metrics::LIVE_LEASES);
         let lease_metrics = LeaseMetrics::register(&registry, store_metrics);
         let http_metrics = web::Data::new(HttpMetrics::register(&registry));
-        let http_metrics_of_connections = http_metrics.clone();
+        let refusals = http_metrics.get_ref().clone();
         let gate = web::Data::new(Gate::new(settings.auth.clone(), &registry));
         let registry = web::Data::new(registry);
 
@@ -366,13 +366,11 @@ impl Application {
         .max_connections(per_worker);
         // Must come before the listener is given to the server (actix captures it then).
         let peers = max_connections_per_peer.map(PeerCap::new);
-        let refusals = http_metrics_of_connections.get_ref().clone();
         let server = server.on_connect(move |io, extensions| {
             if let Some(peers) = &peers {
                 peers.on_connect(io, extensions);
             }
-            // Where the answers the HTTP parser gives by itself are counted (`refusal`).
-            extensions.insert(refusals.clone());
+            crate::refusal::count_refusals(extensions, &refusals);
         });
         // Over TLS the same limits apply; the handshake has actix's own bound (3 s), after
         // which the head timer above starts.

@@ -161,7 +161,7 @@ impl DemoServer {
         })
         .disable_signals()
         .on_connect(move |_, extensions| {
-            extensions.insert(refusals.clone());
+            fencelock_server::count_refusals(extensions, &refusals);
         })
         .listen(listener)?
         .run();

@@ -1082,7 +1082,6 @@ where
                 let this = self.as_mut().project(); // fencelock patch
                 let body = super::refusal::bytes(&mut res, this.read_buf, this.conn_data.as_deref()); // fencelock patch
                 res.head_mut().set_connection_type(ConnectionType::Close); // fencelock patch
-                let this = self.as_mut().project(); // fencelock patch
                 let size = BodySize::Sized(body.len() as u64); // fencelock patch
                 if this.codec.encode(Message::Item((res, size)), this.write_buf).is_ok() { // fencelock patch
                     let _ = this.codec.encode(Message::Chunk(Some(body)), this.write_buf); // fencelock patch
