@@ -24,8 +24,16 @@ struct Handler {
 
 /// Answers once `ready` is set, as seen whenever its connection polls it: setting it wakes
 /// nothing, so it answers in the first poll after, whatever caused that poll.
+///
+/// `entered` is sent by a task of its own on the worker's thread, which runs only once the
+/// connection's poll that ran this handler has ended: told from inside that poll, the test
+/// could set `ready` while the dispatcher still loops in it and would see it there, before
+/// the close was sent (the answer then goes out, as it should, to a client still there).
 async fn answer(handler: web::Data<Handler>) -> HttpResponse {
-    let _ = handler.entered.send(());
+    let entered = handler.entered.clone();
+    actix_web::rt::spawn(async move {
+        let _ = entered.send(());
+    });
     std::future::poll_fn(|_| {
         if handler.ready.load(Ordering::SeqCst) {
             Poll::Ready(())
