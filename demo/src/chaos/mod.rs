@@ -77,14 +77,14 @@ const WAITING_TTL_SECONDS: u32 = 10;
 const DEPART_CHANCE: f64 = 0.3;
 /// Chance that a lease is renewed before its writes; after a pause past its TTL, the chance
 /// is its `paused` one (and the renewal must be refused: the lease has expired). The
-/// first pause of a run is always followed by one.
+/// first pause of a run, and worker 0's first (its first lease), are always followed by one.
 const RENEW_CHANCE: Chance = Chance {
     otherwise: 0.25,
     paused: 0.75,
 };
 /// Chance that a non-waiting acquisition asks for a lock delay; one that will pause past its
 /// TTL (and so let its lease expire, which is when the delay counts) asks more often, but
-/// not always, and never the run's first: a delay keeps the others out while the paused
+/// not always, and never worker 0's first lease: a delay keeps the others out while the paused
 /// holder's late writes land, and the run without the guard must still see some land after
 /// a greater fence.
 const LOCK_DELAY_CHANCE: Chance = Chance {
@@ -595,6 +595,8 @@ impl Worker {
                     continue;
                 }
             };
+            // Not always worker 0's: another's pause may come before its first lease.
+            let first_pause = pause && self.pauses.get() == 0;
             if pause {
                 self.pauses.set(self.pauses.get() + 1);
                 let past = self.rng.random_range(100..500);
@@ -602,8 +604,11 @@ impl Worker {
                     Duration::from_secs(u64::from(TTL_SECONDS)) + Duration::from_millis(past),
                 )
                 .await;
+                if first_pause {
+                    self.until_overtaken(&resource, lease.fence, deadline).await;
+                }
             }
-            if pauses_now || self.rng.random_bool(RENEW_CHANCE.given(pause)) {
+            if first_pause || pauses_now || self.rng.random_bool(RENEW_CHANCE.given(pause)) {
                 let server = self.pick_server();
                 let ttl_seconds = how.ttl_seconds();
                 self.renew(server, &resource, &owner, lease.fence, ttl_seconds)
@@ -651,6 +656,29 @@ impl Worker {
             }
         }
         Ok(self.records)
+    }
+
+    /// The run's first pause lasts until a greater fence than `fence` has written `resource`
+    /// (or the run ends), as a pause that a takeover overlaps does: its late writes then
+    /// follow a greater fence's in every run, to be refused by the guard or, without it,
+    /// found by the checks. Left to chance, a run's few short pauses could all end before
+    /// anyone took over.
+    async fn until_overtaken(&mut self, resource: &str, fence: i64, deadline: Instant) {
+        let url = format!("{}/docs/{resource}", self.demo_url);
+        while Instant::now() < deadline {
+            let written = match self.http.get(&url).send().await {
+                Ok(response) if response.status() == StatusCode::OK => response
+                    .json::<Value>()
+                    .await
+                    .ok()
+                    .and_then(|doc| doc["fence"].as_i64()),
+                _ => None,
+            };
+            if written.is_some_and(|written| written > fence) {
+                return;
+            }
+            self.nap(10..30).await;
+        }
     }
 
     fn pick(&mut self, from: &[String]) -> String {
