@@ -64,7 +64,7 @@ pub(crate) fn refused_by_parser(
     };
     let error = match status {
         StatusCode::BAD_REQUEST => ApiError::Malformed(
-            "the request is not valid HTTP/1.1: a bad byte in the request line or a header, or an invalid or conflicting Content-Length or Transfer-Encoding".to_owned(),
+            "the request is not valid HTTP/1.1: a bad byte in the request line or a header, no Host header, or an invalid or conflicting Content-Length or Transfer-Encoding".to_owned(),
         ),
         StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => ApiError::HeadersTooLarge(
             "the request head has too many or too large header fields".to_owned(),

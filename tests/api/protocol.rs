@@ -13,9 +13,9 @@ pub struct Refused {
     pub request: Vec<u8>,
     pub status: u16,
     pub kind: &'static str,
-    /// `None` where the parser has consumed the head before refusing it (framing headers),
-    /// so that the target cannot be told any more.
-    pub instance: Option<String>,
+    /// The request's target, also where the head parsed and its framing headers were refused
+    /// (and whatever the client sent after it).
+    pub instance: String,
 }
 
 fn head(request_line: &str, headers: &str) -> Vec<u8> {
@@ -25,28 +25,29 @@ fn head(request_line: &str, headers: &str) -> Vec<u8> {
 pub fn refused_requests() -> Vec<Refused> {
     let many_headers: String = (0..101).map(|i| format!("X-H{i}: v\r\n")).collect();
     let long_path = format!("/{}", "a".repeat(100 * 1024));
-    let bad = |name, request, instance: Option<&str>| Refused {
+    let bad = |name, request, instance: &str| Refused {
         name,
         request,
         status: 400,
         kind: "malformed-request",
-        instance: instance.map(str::to_owned),
+        instance: instance.to_owned(),
     };
+    let smuggled = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
     vec![
         bad(
             "control byte in the path",
             head("GET /lo\x01cks HTTP/1.1", ""),
-            Some("/lo%01cks"),
+            "/lo%01cks",
         ),
         bad(
             "control byte in a header value",
             head("GET /healthz HTTP/1.1", "X-A: a\x01b\r\n"),
-            Some("/healthz"),
+            "/healthz",
         ),
         bad(
             "space in a header name",
             head("GET /healthz HTTP/1.1", "X A: b\r\n"),
-            Some("/healthz"),
+            "/healthz",
         ),
         bad(
             "non-numeric Content-Length",
@@ -54,7 +55,7 @@ pub fn refused_requests() -> Vec<Refused> {
                 "POST /locks/a HTTP/1.1",
                 "Content-Type: application/json\r\nContent-Length: abc\r\n",
             ),
-            None,
+            "/locks/a",
         ),
         bad(
             "Content-Length with Transfer-Encoding",
@@ -66,14 +67,41 @@ pub fn refused_requests() -> Vec<Refused> {
                 b"0\r\n\r\n".to_vec(),
             ]
             .concat(),
-            None,
+            "/locks/a",
+        ),
+        // The refusal is the first request's, not the one sent after it.
+        bad(
+            "Content-Length with Transfer-Encoding, a request after it",
+            [
+                head(
+                    "POST /locks/a HTTP/1.1",
+                    "Content-Type: application/json\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+                ),
+                smuggled.to_vec(),
+            ]
+            .concat(),
+            "/locks/a",
+        ),
+        bad(
+            "no Host header",
+            [b"DELETE /locks/a HTTP/1.1\r\n\r\n".as_slice(), smuggled].concat(),
+            "/locks/a",
+        ),
+        bad(
+            "an HTTP/1.0 POST without Content-Length",
+            [
+                b"POST /locks/a HTTP/1.0\r\nContent-Type: application/json\r\n\r\n".as_slice(),
+                smuggled,
+            ]
+            .concat(),
+            "/locks/a",
         ),
         Refused {
             name: "101 headers",
             request: head("GET /healthz HTTP/1.1", &many_headers),
             status: 431,
             kind: "headers-too-large",
-            instance: Some("/healthz".to_owned()),
+            instance: "/healthz".to_owned(),
         },
         // Longer than a URI may be (65,534 bytes): refused as a bad request by the parser at
         // first, as a head too large further on, and answered as what it is.
@@ -82,27 +110,27 @@ pub fn refused_requests() -> Vec<Refused> {
             request: head(&format!("GET {} HTTP/1.1", &long_path[..66_000]), ""),
             status: 414,
             kind: "uri-too-long",
-            instance: Some(format!("{}...", &long_path[..256])),
+            instance: format!("{}...", &long_path[..256]),
         },
         Refused {
             name: "100 KiB path",
             request: head(&format!("GET {long_path} HTTP/1.1"), ""),
             status: 414,
             kind: "uri-too-long",
-            instance: Some(format!("{}...", &long_path[..256])),
+            instance: format!("{}...", &long_path[..256]),
         },
         Refused {
             name: "200 KiB path",
             request: head(&format!("GET /{} HTTP/1.1", "a".repeat(200 * 1024)), ""),
             status: 414,
             kind: "uri-too-long",
-            instance: Some(format!("{}...", &long_path[..256])),
+            instance: format!("{}...", &long_path[..256]),
         },
     ]
 }
 
 /// Every refusal of the HTTP parser is a problem document, with the request target as its
-/// instance where it can still be told.
+/// instance.
 async fn parser_refusals_are_problem_documents(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     for case in refused_requests() {
@@ -115,9 +143,7 @@ async fn parser_refusals_are_problem_documents(kind: StoreKind) {
             "{}",
             case.name
         );
-        if let Some(instance) = &case.instance {
-            assert_eq!(problem["instance"], *instance, "{}", case.name);
-        }
+        assert_eq!(problem["instance"], case.instance, "{}", case.name);
         // The server is fine afterwards.
         assert_eq!(app.get("/healthz").await.status(), 200, "{}", case.name);
     }
@@ -129,6 +155,18 @@ async fn parser_refusals_keep_a_valid_request_id(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     let many_headers: String = (0..101).map(|i| format!("X-H{i}: v\r\n")).collect();
     for (name, request, status) in [
+        (
+            "framing headers refused, another request after them",
+            [
+                head(
+                    "POST /locks/a HTTP/1.1",
+                    "X-Request-Id: kept.by_the-parser\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+                ),
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: the.next-one\r\n\r\n".to_vec(),
+            ]
+            .concat(),
+            400,
+        ),
         (
             "control byte in another header",
             head(
@@ -180,33 +218,33 @@ async fn connect_gets_its_target_as_instance(kind: StoreKind) {
 
 /// The parser's refusals are answers of this server like any other: counted in
 /// `fencelock_http_requests_total` by status, under the route `unmatched` and the method of
-/// their request line where it can still be told (`other` where it cannot).
+/// their request line (`other` where there is none).
 async fn parser_refusals_are_counted(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
-    let mut expected: BTreeMap<(&str, String), f64> = BTreeMap::new();
+    let mut expected: BTreeMap<(String, String), f64> = BTreeMap::new();
     for case in refused_requests() {
         let response = app.raw(&case.request).await;
         assert_eq!(response.status, case.status, "{}", case.name);
-        // Where the parser consumed the head before refusing it, its method cannot be told.
-        let method = match &case.instance {
-            None => "other",
-            Some(_) if case.request.starts_with(b"POST ") => "POST",
-            Some(_) => "GET",
-        };
+        let method = case.request.split(|b| *b == b' ').next().unwrap();
         *expected
-            .entry((method, case.status.to_string()))
+            .entry((
+                String::from_utf8(method.to_vec()).unwrap(),
+                case.status.to_string(),
+            ))
             .or_default() += 1.0;
     }
     // A request line that is not one: no method to name.
     let response = app.raw(b"\x01\x02\x03\r\n\r\n").await;
     assert_eq!(response.status, 400);
-    *expected.entry(("other", "400".to_owned())).or_default() += 1.0;
+    *expected
+        .entry(("other".to_owned(), "400".to_owned()))
+        .or_default() += 1.0;
 
     let metrics = app.metrics().await;
     for ((method, status), count) in &expected {
         let labels = [
             ("route", "unmatched"),
-            ("method", *method),
+            ("method", method.as_str()),
             ("status", status.as_str()),
         ];
         assert_eq!(

@@ -302,38 +302,55 @@ impl MessageType for Request {
         let mut msg = Request::new();
 
         // convert headers
-        let mut length = msg.set_headers(&src.split_to(len).freeze(), &headers[..h_len], ver)?;
+        // fencelock patch: a head refused once it is split off goes back into `src`, so that
+        // the refusal's renderer reads this request's line and headers, not what follows it
+        // (a pipelined request's, or nothing). The connection ends with that refusal, so the
+        // copy is made on that path only.
+        let head = src.split_to(len).freeze(); // fencelock patch
+        let checked = msg.set_headers(&head, &headers[..h_len], ver).and_then(|length| { // fencelock patch
 
-        // disallow HTTP/1.1 requests that do not contain a Host header
-        // see https://datatracker.ietf.org/doc/html/rfc9112#section-3.2
-        if ver == Version::HTTP_11 && !msg.head().headers.contains_key(header::HOST) {
-            debug!("missing Host header for HTTP/1.1 request");
-            return Err(ParseError::Header);
-        }
-
-        if msg.head().headers.contains_key(header::TRANSFER_ENCODING) {
-            if ver == Version::HTTP_10 {
-                debug!("Transfer-Encoding is not allowed in HTTP/1.0 requests");
-                return Err(ParseError::Header);
+            // disallow HTTP/1.1 requests that do not contain a Host header
+            // see https://datatracker.ietf.org/doc/html/rfc9112#section-3.2
+            if ver == Version::HTTP_11 && !msg.head().headers.contains_key(header::HOST) {
+                debug!("missing Host header for HTTP/1.1 request");
+                return Err(ParseError::Header); // fencelock patch: in the closure
             }
 
-            if !crate::HttpMessage::chunked(&msg)? {
-                debug!("request Transfer-Encoding must be chunked");
-                return Err(ParseError::Header);
+            if msg.head().headers.contains_key(header::TRANSFER_ENCODING) {
+                if ver == Version::HTTP_10 {
+                    debug!("Transfer-Encoding is not allowed in HTTP/1.0 requests");
+                    return Err(ParseError::Header); // fencelock patch: in the closure
+                }
+
+                if !crate::HttpMessage::chunked(&msg)? {
+                    debug!("request Transfer-Encoding must be chunked");
+                    return Err(ParseError::Header); // fencelock patch: in the closure
+                }
+
+                if msg.head().headers.contains_key(header::CONTENT_LENGTH) {
+                    debug!("both Content-Length and Transfer-Encoding are set");
+                    return Err(ParseError::Header); // fencelock patch: in the closure
+                }
             }
 
-            if msg.head().headers.contains_key(header::CONTENT_LENGTH) {
-                debug!("both Content-Length and Transfer-Encoding are set");
-                return Err(ParseError::Header);
+            // disallow HTTP/1.0 POST requests that do not contain a Content-Length headers
+            // see https://datatracker.ietf.org/doc/html/rfc1945#section-7.2.2
+            if ver == Version::HTTP_10 && method == Method::POST && length.is_none() {
+                debug!("no Content-Length specified for HTTP/1.0 POST request");
+                return Err(ParseError::Header); // fencelock patch: in the closure
             }
-        }
-
-        // disallow HTTP/1.0 POST requests that do not contain a Content-Length headers
-        // see https://datatracker.ietf.org/doc/html/rfc1945#section-7.2.2
-        if ver == Version::HTTP_10 && method == Method::POST && length.is_none() {
-            debug!("no Content-Length specified for HTTP/1.0 POST request");
-            return Err(ParseError::Header);
-        }
+            Ok(length) // fencelock patch
+        }); // fencelock patch
+        let mut length = match checked { // fencelock patch
+            Ok(length) => length, // fencelock patch
+            Err(err) => { // fencelock patch
+                let mut whole = BytesMut::with_capacity(head.len() + src.len()); // fencelock patch
+                whole.extend_from_slice(&head); // fencelock patch
+                whole.extend_from_slice(src); // fencelock patch
+                *src = whole; // fencelock patch
+                return Err(err); // fencelock patch
+            } // fencelock patch
+        }; // fencelock patch
 
         // Remove CL value if 0 now that all headers and HTTP/1.0 special cases are processed.
         // Protects against some request smuggling attacks.
