@@ -259,6 +259,47 @@ async fn malformed_bodies_are_400(kind: StoreKind) {
     assert_problem(response, 400, "malformed-request").await;
 }
 
+/// A chunked body is read as any other; one whose chunked framing breaks is a `400` that
+/// says so, and nothing is acquired.
+async fn chunked_bodies(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let chunked = |chunks: &str| {
+        format!(
+            "POST /locks/job:1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{chunks}"
+        )
+        .into_bytes()
+    };
+    let body = lease_body().to_string();
+    let (first, rest) = body.split_at(5);
+    for broken in [
+        format!("{:x}\r\n{first}\r\nzz\r\n{rest}\r\n0\r\n\r\n", first.len()),
+        format!(
+            "{:x}\r\n{first}\r\n{:x}\r\n{rest}\r\nnot a chunk\r\n",
+            first.len(),
+            rest.len()
+        ),
+    ] {
+        let response = app.raw(&chunked(&broken)).await;
+        let problem = assert_raw_problem(&response, 400, "malformed-request");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("chunked") || detail.contains("last chunk"),
+            "{detail}"
+        );
+        assert!(!detail.contains("None"), "{detail}");
+        assert_eq!(app.inspect("job:1").await.status(), 404, "{broken:?}");
+    }
+    let whole = format!(
+        "{:x}\r\n{first}\r\n{:x}\r\n{rest}\r\n0\r\n\r\n",
+        first.len(),
+        rest.len()
+    );
+    let response = app.raw(&chunked(&whole)).await;
+    assert_eq!(response.status, 200);
+    let answer: Value = serde_json::from_slice(&response.body).unwrap();
+    assert_eq!(answer["acquired"], true);
+}
+
 /// A field given twice is ambiguous, above all for the owner; but the body is still JSON
 /// (RFC 8259: names SHOULD be unique), so it is that field's `422`, not a `400`.
 async fn a_field_given_twice_is_its_422(kind: StoreKind) {
@@ -546,6 +587,7 @@ contract!(
     unknown_fields_are_422,
     invalid_fences_are_422,
     malformed_bodies_are_400,
+    chunked_bodies,
     a_field_given_twice_is_its_422,
     content_type_must_be_json,
     oversized_body_is_413,

@@ -176,8 +176,7 @@ async fn read_body(req: &HttpRequest, mut payload: impl Body) -> Result<BytesMut
             Ok(None) => break,
             Ok(Some(chunk)) => chunk,
         };
-        let chunk =
-            chunk.map_err(|e| ApiError::Malformed(format!("could not read the body: {e}")))?;
+        let chunk = chunk.map_err(|e| ApiError::Malformed(unreadable(&e)))?;
         if body.len() + chunk.len() > MAX_BODY_BYTES {
             return Err(ApiError::PayloadTooLarge {
                 limit: MAX_BODY_BYTES,
@@ -186,6 +185,22 @@ async fn read_body(req: &HttpRequest, mut payload: impl Body) -> Result<BytesMut
         body.extend_from_slice(&chunk);
     }
     Ok(body)
+}
+
+/// Why a body could not be read, in the client's terms: the HTTP layer's own text for a body
+/// that ended early ends in `None`.
+fn unreadable(error: &PayloadError) -> String {
+    match error {
+        PayloadError::Incomplete(_) => {
+            "the body ended before it was complete: fewer bytes than its Content-Length, or chunked framing that broke off before its last chunk".to_owned()
+        }
+        // Content encodings are refused before the body is read: what can be corrupt here is
+        // the chunked framing.
+        PayloadError::EncodingCorrupted => {
+            "the body's chunked transfer coding is not valid".to_owned()
+        }
+        other => format!("could not read the body: {other}"),
+    }
 }
 
 fn require_json(req: &HttpRequest) -> Result<(), ApiError> {
