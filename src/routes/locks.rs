@@ -205,7 +205,8 @@ pub(super) async fn release(
 }
 
 /// The prologue of every lock write, as an extractor: the request parsed from its path and
-/// JSON body (every bad field in one `422`), then allowed for the caller (`403`
+/// JSON body (every bad field in one `422`, with every query parameter: these routes take
+/// none), then allowed for the caller (`403`
 /// forbidden-scope); with the caller and the app state. Its parts are extracted in the
 /// order of a handler's arguments: the caller, the path, the body.
 pub(super) struct LockWrite<R>(R, Caller, web::Data<AppState>);
@@ -245,9 +246,10 @@ impl<R: LockRequest> FromRequest for LockWrite<R> {
         let parts = <(Caller, web::Path<String>, JsonObject, web::Data<AppState>)>::from_request(
             req, payload,
         );
+        let query = req.query_string().to_owned();
         Box::pin(async move {
             let (caller, path, JsonObject(body), state) = parts.await?;
-            let request = R::parse(&path, body, state.limits())?;
+            let request = parse::without_query(&query, R::parse(&path, body, state.limits()))?;
             caller.allow(request.resource(), Permission::Lock)?;
             Ok(Self(request, caller, state))
         })
@@ -266,10 +268,10 @@ pub(super) trait ReadRequest: Sized + 'static {
     fn resource(&self) -> &ResourceName;
 }
 
-/// Inspect: the resource alone (its query is not read).
+/// Inspect: the resource alone, and no query.
 impl ReadRequest for ResourceName {
-    fn parse(resource: &str, _query: &str) -> Result<Self, ApiError> {
-        parse::resource(resource)
+    fn parse(resource: &str, query: &str) -> Result<Self, ApiError> {
+        parse::without_query(query, parse::resource(resource))
     }
 
     fn resource(&self) -> &ResourceName {

@@ -171,6 +171,28 @@ impl Fields {
     }
 }
 
+/// A route that takes no query: each parameter given is named in the `422` with the rest of
+/// the request's problems, as an unknown body field is, since a lock request's options sent
+/// in the query (`?wait_ms=5000`) would otherwise pass as not asked for.
+pub(super) fn without_query<T>(query: &str, parsed: Result<T, ApiError>) -> Result<T, ApiError> {
+    const NOT_HERE: &str = "is not a known parameter; this route takes none (a lock request's fields go in its JSON body)";
+    let stray = match query::params(query, [], NOT_HERE, NOT_HERE) {
+        Ok(params) => params.errors,
+        Err(undecodable) => vec![undecodable],
+    };
+    if stray.is_empty() {
+        return parsed;
+    }
+    match parsed {
+        Err(ApiError::Validation(mut errors)) => {
+            errors.extend(stray);
+            Err(ApiError::Validation(errors))
+        }
+        Err(other) => Err(other),
+        Ok(_) => Err(ApiError::Validation(stray)),
+    }
+}
+
 /// A query's known parameters (see [`query::params`]), each at most once; a query that cannot
 /// be decoded at all is a `422` of its own.
 fn known_params<const N: usize>(
@@ -526,6 +548,22 @@ mod tests {
             let field = format!(r#", "lock_delay_ms": {bad}"#);
             assert_eq!(invalid(with(&field)), ["lock_delay_ms"], "{bad}");
         }
+    }
+
+    #[test]
+    fn a_route_without_a_query_names_every_parameter_given() {
+        assert_eq!(without_query("", Ok(1)).ok(), Some(1));
+        assert_eq!(
+            invalid(without_query("wait_ms=5&x", Ok(1))),
+            ["wait_ms", "x"]
+        );
+        let body_problems = Err(ApiError::Validation(vec![FieldError::new(
+            "owner", "blank",
+        )]));
+        assert_eq!(
+            invalid(without_query::<()>("a=1", body_problems)),
+            ["owner", "a"]
+        );
     }
 
     #[test]
