@@ -206,9 +206,9 @@ pub(super) async fn release(
 
 /// The prologue of every lock write, as an extractor: the request parsed from its path and
 /// JSON body (every bad field in one `422`, with every query parameter: these routes take
-/// none), then allowed for the caller (`403`
-/// forbidden-scope); with the caller and the app state. Its parts are extracted in the
-/// order of a handler's arguments: the caller, the path, the body.
+/// none), then allowed for the caller (`403` forbidden-scope); with the caller and the app
+/// state. Its parts are extracted in the order of a handler's arguments: the caller, the
+/// path, the body.
 pub(super) struct LockWrite<R>(R, Caller, web::Data<AppState>);
 
 /// A lock write's request: how [`LockWrite`] parses it, and what resource it locks.
