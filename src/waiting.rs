@@ -354,17 +354,38 @@ mod tests {
         }
     }
 
-    /// Runs a waiter for `resource` (free: its first attempt is granted) and hands back the
-    /// request's end of the channel once the answer is in it, with the waiter's task.
-    async fn granted_answer(
-        store: &SharedStore,
-        resource: &ResourceName,
-    ) -> (oneshot::Receiver<Answer>, tokio::task::JoinHandle<()>) {
+    /// A fresh store and the resource a test's waiter was granted.
+    struct Granted {
+        /// Holds the store's file for the test's length.
+        _dir: tempfile::TempDir,
+        store: SharedStore,
+        resource: ResourceName,
+    }
+
+    impl Granted {
+        async fn inspect(&self) -> Inspection {
+            self.store.inspect(&self.resource).await.expect("inspect")
+        }
+    }
+
+    /// Runs a waiter for `resource` on a fresh store (free: its first attempt is granted) and
+    /// hands back the request's end of the channel once the answer is in it, with the
+    /// waiter's task.
+    async fn granted(
+        resource: &str,
+    ) -> (
+        Granted,
+        oneshot::Receiver<Answer>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let resource = ResourceName::parse(resource).unwrap();
         let (reply, answer) = oneshot::channel();
         let task = tokio::spawn(
             Waiter {
                 store: store.clone(),
-                req: request(resource),
+                req: request(&resource),
                 store_timeout: STORE_TIMEOUT,
                 started: Instant::now(),
             }
@@ -376,28 +397,23 @@ mod tests {
             }
         });
         sent.await.expect("the waiter answered");
-        (answer, task)
-    }
-
-    async fn inspect(store: &SharedStore, resource: &ResourceName) -> Inspection {
-        store.inspect(resource).await.expect("inspect")
+        let granted = Granted {
+            _dir: dir,
+            store,
+            resource,
+        };
+        (granted, answer, task)
     }
 
     /// The request was dropped (its client left) after the grant was sent to it but before it
     /// took it: nobody received the lease, so it is released.
     #[tokio::test]
     async fn a_grant_sent_to_a_request_that_never_took_it_is_released() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = store(&dir);
-        let resource = ResourceName::parse("sent-not-taken").unwrap();
-        let (answer, task) = granted_answer(&store, &resource).await;
-        assert!(matches!(
-            inspect(&store, &resource).await,
-            Inspection::Live(_)
-        ));
+        let (granted, answer, task) = granted("sent-not-taken").await;
+        assert!(matches!(granted.inspect().await, Inspection::Live(_)));
         drop(answer);
         task.await.expect("the waiter's task");
-        let left = inspect(&store, &resource).await;
+        let left = granted.inspect().await;
         assert!(
             matches!(left, Inspection::Absent),
             "a grant nobody received was kept: {left:?}"
@@ -407,10 +423,7 @@ mod tests {
     /// A grant the request took stays the requester's.
     #[tokio::test]
     async fn a_grant_the_request_took_is_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = store(&dir);
-        let resource = ResourceName::parse("sent-and-taken").unwrap();
-        let (answer, task) = granted_answer(&store, &resource).await;
+        let (granted, answer, task) = granted("sent-and-taken").await;
         let Answer { answer, received } = answer.await.expect("an answer");
         received.send(()).expect("the waiter waits for the receipt");
         let Ok(Waited {
@@ -421,7 +434,7 @@ mod tests {
             panic!("not granted: {answer:?}");
         };
         task.await.expect("the waiter's task");
-        match inspect(&store, &resource).await {
+        match granted.inspect().await {
             Inspection::Live(live) => assert_eq!(live.fence, lease.fence),
             other => panic!("a grant the request took was released: {other:?}"),
         }
