@@ -246,10 +246,10 @@ impl<R: LockRequest> FromRequest for LockWrite<R> {
         let parts = <(Caller, web::Path<String>, JsonObject, web::Data<AppState>)>::from_request(
             req, payload,
         );
-        let query = req.query_string().to_owned();
+        let no_query = parse::no_query(req.query_string());
         Box::pin(async move {
             let (caller, path, JsonObject(body), state) = parts.await?;
-            let request = parse::without_query(&query, R::parse(&path, body, state.limits()))?;
+            let (request, ()) = parse::together(R::parse(&path, body, state.limits()), no_query)?;
             caller.allow(request.resource(), Permission::Lock)?;
             Ok(Self(request, caller, state))
         })
@@ -271,7 +271,7 @@ pub(super) trait ReadRequest: Sized + 'static {
 /// Inspect: the resource alone, and no query.
 impl ReadRequest for ResourceName {
     fn parse(resource: &str, query: &str) -> Result<Self, ApiError> {
-        parse::without_query(query, parse::resource(resource))
+        parse::together(parse::resource(resource), parse::no_query(query)).map(|(r, ())| r)
     }
 
     fn resource(&self) -> &ResourceName {

@@ -171,25 +171,38 @@ impl Fields {
     }
 }
 
-/// A route that takes no query: each parameter given is named in the `422` with the rest of
-/// the request's problems, as an unknown body field is, since a lock request's options sent
-/// in the query (`?wait_ms=5000`) would otherwise pass as not asked for.
-pub(super) fn without_query<T>(query: &str, parsed: Result<T, ApiError>) -> Result<T, ApiError> {
+/// The query of a route that takes none: `Ok` when it is empty, otherwise every parameter
+/// given, named as an unknown body field is, since a lock request's options sent in the query
+/// (`?wait_ms=5000`) would otherwise pass as not asked for.
+pub(super) fn no_query(query: &str) -> Result<(), ApiError> {
     const NOT_HERE: &str = "is not a known parameter; this route takes none (a lock request's fields go in its JSON body)";
+    if query.is_empty() {
+        return Ok(());
+    }
     let stray = match query::params(query, [], NOT_HERE, NOT_HERE) {
         Ok(params) => params.errors,
         Err(undecodable) => vec![undecodable],
     };
     if stray.is_empty() {
-        return parsed;
+        Ok(())
+    } else {
+        Err(ApiError::Validation(stray))
     }
-    match parsed {
-        Err(ApiError::Validation(mut errors)) => {
-            errors.extend(stray);
-            Err(ApiError::Validation(errors))
+}
+
+/// Two parts of one request, each checked on its own: both, or the problems of both in one
+/// `422` (the first's first); any other error as it is.
+pub(super) fn together<A, B>(
+    a: Result<A, ApiError>,
+    b: Result<B, ApiError>,
+) -> Result<(A, B), ApiError> {
+    match (a, b) {
+        (Ok(a), Ok(b)) => Ok((a, b)),
+        (Err(ApiError::Validation(mut a)), Err(ApiError::Validation(b))) => {
+            a.extend(b);
+            Err(ApiError::Validation(a))
         }
-        Err(other) => Err(other),
-        Ok(_) => Err(ApiError::Validation(stray)),
+        (Err(e), _) | (_, Err(e)) => Err(e),
     }
 }
 
@@ -313,14 +326,8 @@ pub(super) struct WatchRequest {
 /// `GET /locks/{resource}/watch?fence=F&timeout_ms=T`: the resource's and the query's
 /// problems in one `422`.
 pub(super) fn watch_request(resource: &str, query: &str) -> Result<WatchRequest, ApiError> {
-    match (self::resource(resource), watch(query)) {
-        (Ok(resource), Ok(query)) => Ok(WatchRequest { resource, query }),
-        (Err(ApiError::Validation(mut a)), Err(ApiError::Validation(b))) => {
-            a.extend(b);
-            Err(ApiError::Validation(a))
-        }
-        (Err(e), _) | (_, Err(e)) => Err(e),
-    }
+    together(self::resource(resource), watch(query))
+        .map(|(resource, query)| WatchRequest { resource, query })
 }
 
 /// `GET /locks/{resource}/watch?fence=F&timeout_ms=T`, both optional; unknown or repeated
@@ -552,16 +559,16 @@ mod tests {
 
     #[test]
     fn a_route_without_a_query_names_every_parameter_given() {
-        assert_eq!(without_query("", Ok(1)).ok(), Some(1));
+        assert_eq!(together(Ok(1), no_query("")).ok(), Some((1, ())));
         assert_eq!(
-            invalid(without_query("wait_ms=5&x", Ok(1))),
+            invalid(together(Ok(1), no_query("wait_ms=5&x"))),
             ["wait_ms", "x"]
         );
-        let body_problems = Err(ApiError::Validation(vec![FieldError::new(
+        let body_problems = Err::<(), _>(ApiError::Validation(vec![FieldError::new(
             "owner", "blank",
         )]));
         assert_eq!(
-            invalid(without_query::<()>("a=1", body_problems)),
+            invalid(together(body_problems, no_query("a=1"))),
             ["owner", "a"]
         );
     }
