@@ -274,9 +274,15 @@ pub(super) fn list(query: &str) -> Result<ListQuery, ApiError> {
 }
 
 /// `GET /locks/{resource}/history?limit=N`: the resource and the query's problems in one
-/// `422`. As with the list, a parameter other than `limit`, or one given twice, is named.
+/// `422`.
 pub(super) fn history(resource: &str, query: &str) -> Result<HistoryRequest, ApiError> {
-    let checked_resource = ResourceName::parse(resource);
+    together(self::resource(resource), history_limit(query))
+        .map(|(resource, limit)| HistoryRequest { resource, limit })
+}
+
+/// The query of `GET /locks/{resource}/history`. As with the list, a parameter other than
+/// `limit`, or one given twice, is named.
+fn history_limit(query: &str) -> Result<HistoryLimit, ApiError> {
     let Params {
         values: [limit],
         mut errors,
@@ -285,26 +291,19 @@ pub(super) fn history(resource: &str, query: &str) -> Result<HistoryRequest, Api
         ["limit"],
         "is not a known parameter; the only parameter is limit",
     )?;
-    let mut checked_limit = HistoryLimit::default();
+    let mut checked = HistoryLimit::default();
     if let Some(text) = limit {
         match decimal(&text).and_then(HistoryLimit::new) {
-            Some(parsed) => checked_limit = parsed,
+            Some(parsed) => checked = parsed,
             None => errors.push(FieldError::new(
                 "limit",
                 format!("must be an integer from 1 to {}", HistoryLimit::MAX),
             )),
         }
     }
-    match checked_resource {
-        Ok(resource) if errors.is_empty() => Ok(HistoryRequest {
-            resource,
-            limit: checked_limit,
-        }),
-        Ok(_) => Err(ApiError::Validation(errors)),
-        Err(e) => {
-            errors.insert(0, FieldError::new("resource", e));
-            Err(ApiError::Validation(errors))
-        }
+    match errors.is_empty() {
+        true => Ok(checked),
+        false => Err(ApiError::Validation(errors)),
     }
 }
 
@@ -584,6 +583,7 @@ mod tests {
         assert_eq!(invalid(history("job:1", "limt=5")), ["limt"]);
         assert_eq!(invalid(history("job:1", "limit=5&limit=5")), ["limit"]);
         assert_eq!(invalid(history("..", "limit=0")), ["resource", "limit"]);
+        assert_eq!(invalid(history("..", "limit=%FF")), ["resource", "limit"]);
     }
 
     fn list_fields(query: &str) -> Vec<String> {
