@@ -16,7 +16,8 @@
 
 use rusqlite::{Connection, params};
 
-use super::{Row, classify};
+use super::classify;
+use super::leases::Row;
 use crate::store::Result;
 
 /// What a job's lock writes note to take themselves back, newest last.
