@@ -16,6 +16,7 @@ pub(crate) mod live;
 pub(crate) mod metered;
 pub(crate) mod postgres;
 pub(crate) mod purge;
+mod schema;
 pub(crate) mod sqlite;
 
 use std::sync::Arc;

@@ -8,14 +8,17 @@
 //! order: instances with skewed clocks still agree. Fences come from the `lease_fence` sequence,
 //! which is store-wide, crash-safe and never reused. The lease table is its own history (one row
 //! per acquisition, docs/design/0009-leases-as-history.md).
+//!
+//! Here: the store handle and its `LeaseStore` impl, with the statements they send. Beside
+//! it: [`connect`] (settings and pool), [`batch`] (group commit), [`errors`], [`unwatch`],
+//! [`listen`], [`migrate`], [`sequence`], [`statements`], [`clock`], [`tls`], [`conninfo`].
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::{Manager, Pool, PoolError};
+use deadpool_postgres::Pool;
 use fencelock::guard::postgres as guard_pg;
 use guard_pg::POOL_TIMEOUT;
 use tokio::sync::OnceCell;
@@ -34,270 +37,29 @@ use fencelock::metrics::Registry;
 
 mod batch;
 mod clock;
+mod connect;
 pub(crate) mod conninfo;
+mod errors;
 mod listen;
 pub(crate) mod migrate;
 pub(crate) mod sequence;
 mod statements;
 pub(crate) mod tls;
+mod unwatch;
 
 pub use batch::COMMITTERS;
 use batch::{BatchMetrics, Batched, Batcher};
 use clock::DbClock;
+use connect::DRIVERS;
+pub use connect::{PgConfig, pool};
+pub(crate) use errors::is_pooling_mismatch;
+pub use errors::{classify, classify_pool};
 pub use statements::Pooling;
 use statements::{Sql, Statements};
-use tls::PgTls;
+use unwatch::Unwatches;
 
 mod embedded {
     refinery::embed_migrations!("migrations/postgres");
-}
-
-/// Connection settings plus the same URL with the password masked, for logs.
-#[derive(Clone)]
-pub struct PgConfig {
-    /// As the URL gives them; the settings every session needs are added where connections
-    /// are made, as [`PgConfig::pooling`] allows (see [`statements`]).
-    pub config: tokio_postgres::Config,
-    pub redacted_url: String,
-    /// `sslmode` and `sslrootcert` (see [`tls`]); `config`'s own SSL mode follows it.
-    pub tls: PgTls,
-    /// What stands between this server and PostgreSQL (`--pg-pooling`).
-    pub pooling: Pooling,
-    /// Where the LISTEN session connects (`--listen-database-url`), if not where `config`
-    /// does: around a pooler in transaction pooling, which cannot keep a LISTEN.
-    pub listen: Option<Box<PgConfig>>,
-}
-
-impl PgConfig {
-    pub fn parse(url: &str) -> anyhow::Result<Self> {
-        let (driver_url, tls) = tls::take_tls_parameters(url)?;
-        let mut config = tokio_postgres::Config::from_str(&driver_url)
-            .map_err(|e| anyhow::anyhow!("invalid PostgreSQL URL: {e}"))?;
-        config.ssl_mode(tls.driver_mode());
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(POOL_TIMEOUT);
-        }
-        config.application_name("fencelock");
-        Ok(Self {
-            redacted_url: redact_password(url),
-            config,
-            tls,
-            pooling: Pooling::Direct,
-            listen: None,
-        })
-    }
-
-    /// The settings of a session of its own (the migration, `check`, the LISTEN session):
-    /// a fence must never be returned before its commit is durable (after a crash a lost
-    /// commit would let the sequence hand the same fence out again), so whatever the database
-    /// default, this server's sessions commit synchronously. Through a pooler, which refuses
-    /// startup options, the migration sets it in its transaction instead.
-    pub fn session_config(&self) -> tokio_postgres::Config {
-        let mut config = self.config.clone();
-        if self.pooling == Pooling::Direct {
-            with_options(&mut config, &[("synchronous_commit", "on".to_owned())]);
-        }
-        config
-    }
-
-    /// The LISTEN session's settings: [`PgConfig::listen`]'s, or these.
-    fn listen_config(&self) -> &PgConfig {
-        self.listen.as_deref().unwrap_or(self)
-    }
-}
-
-/// Adds `-c name=value` for each setting to the startup `options` `config` already carries.
-fn with_options(config: &mut tokio_postgres::Config, settings: &[(&str, String)]) {
-    let mut options = config.get_options().unwrap_or_default().to_owned();
-    for (name, value) in settings {
-        options.push_str(&format!(" -c {name}={value}"));
-    }
-    config.options(options.trim_start());
-}
-
-/// A connection pool with the lease server's timeouts, for any service that talks to
-/// PostgreSQL on the request path (the lease store, the demo store): no request ever waits
-/// longer than [`POOL_TIMEOUT`] for a connection, and no statement runs longer than
-/// `statement_timeout`, so an outage is answered with `503` rather than a hang.
-///
-/// Connections are made on first use, not here.
-///
-/// Sessions also plan without sequential scans. Every statement on the request path finds its
-/// rows through an index, but a plan is cached (a prepared statement's generic plan, or one
-/// inside a PL/pgSQL function) and costed on the table as it was then: planned while the
-/// table was a few pages, a primary-key lookup becomes a sequential scan, and stays one while
-/// the table grows to thousands of pages of live and dead rows. A new deployment would get
-/// slower as it filled up, until autovacuum's next `ANALYZE`. Statements with no usable index
-/// still scan, as the setting only makes sequential scans the last resort.
-pub fn pool(pg: &PgConfig, pool_size: usize, statement_timeout: Duration) -> anyhow::Result<Pool> {
-    let mut config = pg.config.clone();
-    let settings = statements::settings(statement_timeout);
-    // Through a pooler in session pooling the settings are set once per connection; in
-    // transaction pooling, per transaction (see `statements`).
-    let mut on_connect = None;
-    match pg.pooling {
-        Pooling::Direct => with_options(&mut config, &settings),
-        Pooling::Session => {
-            on_connect = Some(
-                settings
-                    .iter()
-                    .map(|(name, value)| format!("SET {name} = {value}"))
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            );
-        }
-        Pooling::Transaction => {}
-    }
-    let manager = Manager::from_connect(
-        config,
-        OnDriverRuntime {
-            tls: pg.tls.connector.clone(),
-            on_connect,
-        },
-        guard_pg::manager_config(),
-    );
-    guard_pg::pool_of(manager, pool_size)
-}
-
-/// The runtime every pooled connection lives on.
-///
-/// A connection's socket and its driver task belong to the runtime that opened them. actix
-/// runs one runtime per worker thread and stops an idle worker's runtime first on a graceful
-/// shutdown, which would cut the connections it opened while another worker is still
-/// finishing a request on one of them. Connections therefore live on a runtime of their own
-/// that lasts as long as the process; requests on any worker talk to them through the
-/// client's channel, as they always do.
-static DRIVERS: std::sync::LazyLock<tokio::runtime::Runtime> = std::sync::LazyLock::new(|| {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("fencelock-pg")
-        .enable_all()
-        .build()
-        .expect("starting the PostgreSQL connection runtime")
-});
-
-/// Opens pool connections on [`DRIVERS`], with TLS as `sslmode` asks, and runs
-/// `on_connect` on each before it is used.
-struct OnDriverRuntime {
-    tls: tls::MakeRustlsConnect,
-    on_connect: Option<String>,
-}
-
-impl deadpool_postgres::Connect for OnDriverRuntime {
-    fn connect(
-        &self,
-        config: &tokio_postgres::Config,
-    ) -> futures_util::future::BoxFuture<
-        '_,
-        Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
-    > {
-        let config = config.clone();
-        let tls = self.tls.clone();
-        let on_connect = self.on_connect.clone();
-        Box::pin(async move {
-            let opened = DRIVERS.spawn(async move {
-                let (client, connection) = config.connect(tls).await?;
-                let driver = tokio::spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::debug!(error = %e, "PostgreSQL connection ended");
-                    }
-                });
-                if let Some(sql) = on_connect
-                    && let Err(e) = client.batch_execute(&sql).await
-                {
-                    driver.abort();
-                    return Err(e);
-                }
-                Ok((client, driver))
-            });
-            match opened.await {
-                Ok(result) => result,
-                // The runtime lives as long as the process, so this is a panic in the connect
-                // code itself: pass it on.
-                Err(e) => std::panic::resume_unwind(e.into_panic()),
-            }
-        })
-    }
-}
-
-/// The schema version a database is at, if it is exactly the one this build's migrations
-/// (`known`) end at; otherwise why not, in one line. A migration the database applied with
-/// another text than this build's (a database made before the schema was folded into one
-/// migration, or a migration edited after it shipped) is named first: no `migrate` mends it.
-pub(crate) fn schema_version(
-    known: &[refinery::Migration],
-    applied: &[refinery::Migration],
-) -> anyhow::Result<refinery::SchemaVersion> {
-    let changed = applied.iter().find_map(|was| {
-        known
-            .iter()
-            .find(|is| is.version() == was.version() && is.checksum() != was.checksum())
-            .map(|is| (was, is))
-    });
-    if let Some((was, is)) = changed {
-        anyhow::bail!(
-            "the database applied migration {was} where this build has {is}, another text: it was made by a build with another schema; give this build a new database"
-        );
-    }
-    let latest = known.iter().map(|m| m.version()).max().unwrap_or_default();
-    match applied.iter().map(|m| m.version()).max() {
-        None => anyhow::bail!(
-            "the database has no fencelock schema (no migration applied): start the server once or run `fencelock migrate`"
-        ),
-        Some(at) if at < latest => anyhow::bail!(
-            "the schema is at version {at}, this build needs {latest}; run `fencelock migrate`"
-        ),
-        Some(at) if at > latest => Err(newer_schema(at, latest)),
-        Some(at) => Ok(at),
-    }
-}
-
-/// A database at schema version `at`, which a newer build than this one (whose latest is
-/// `latest`) migrated.
-pub(crate) fn newer_schema(
-    at: refinery::SchemaVersion,
-    latest: refinery::SchemaVersion,
-) -> anyhow::Error {
-    anyhow::anyhow!(
-        "the schema is at version {at}, newer than this build knows ({latest}); run a newer fencelock"
-    )
-}
-
-/// `url` for logs: the password masked, in the URL's user info, in a `password` query
-/// parameter, or in a key-value connection string.
-fn redact_password(url: &str) -> String {
-    if conninfo::is_key_value(url) {
-        return conninfo::parse(url).map_or_else(
-            |_| "(a key-value connection string that does not parse)".to_owned(),
-            |pairs| conninfo::redacted(&pairs),
-        );
-    }
-    // postgres://user:password@host/db → postgres://user:***@host/db
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) if userinfo.contains(':') => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{user}:***@{host}")
-        }
-        _ => authority.to_owned(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some(("password", _)) => "password=***".to_owned(),
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", query.join("&"))
-        }
-        None => tail.to_owned(),
-    };
-    format!("{scheme}://{authority}{tail}")
 }
 
 pub(crate) struct PgStore {
@@ -314,76 +76,8 @@ pub(crate) struct PgStore {
     unwatches: Arc<Unwatches>,
 }
 
-/// The registrations of ended watches, deleted in the background: a watch's answer does not
-/// wait for it, and a registration left behind costs only announcements until the purge
-/// takes it. Deleted together, one statement at a time, starting [`UNWATCH_LINGER`] after
-/// the first ended watch: a release ends every watch of its resource at once, and
-/// statements run while the answers go out would take the database's share of the cores
-/// from them (and a statement per watch would queue thousands of them).
-#[derive(Default)]
-struct Unwatches(std::sync::Mutex<PendingUnwatches>);
-
-/// How long the ended watches' registrations wait to be deleted together: longer than a
-/// release's fan-out to its watches takes (API.md, *Watch*: within 100 ms), short enough that
-/// few announcements go to registrations that are no longer needed.
-const UNWATCH_LINGER: Duration = Duration::from_millis(200);
-
 /// Rounds of the start's check that the sessions are what `--pg-pooling` says.
 const POOLING_PROBES: usize = 3;
-
-#[derive(Default)]
-struct PendingUnwatches {
-    ids: Vec<i64>,
-    /// A deletion is under way: it takes the ids added meanwhile when its statement ends.
-    deleting: bool,
-}
-
-impl Unwatches {
-    fn pending(&self) -> std::sync::MutexGuard<'_, PendingUnwatches> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn end(self: &Arc<Self>, db: &Arc<Db>, id: i64) {
-        let mut pending = self.pending();
-        pending.ids.push(id);
-        if pending.deleting {
-            return;
-        }
-        // Outside a runtime (a shutdown) the id waits for the next deletion, or the purge.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        pending.deleting = true;
-        let (unwatches, db) = (self.clone(), db.clone());
-        runtime.spawn(async move { unwatches.delete(&db).await });
-    }
-
-    async fn delete(&self, db: &Db) {
-        tokio::time::sleep(UNWATCH_LINGER).await;
-        loop {
-            let ids = {
-                let mut pending = self.pending();
-                if pending.ids.is_empty() {
-                    pending.deleting = false;
-                    return;
-                }
-                std::mem::take(&mut pending.ids)
-            };
-            let deleted = async {
-                let client = db.client().await?;
-                db.statements
-                    .execute(&client, &UNWATCH, &[&ids])
-                    .await
-                    .map_err(classify)
-            };
-            if let Err(e) = deleted.await {
-                tracing::debug!(error = %e, watches = ids.len(), "ended watches' registrations are left to the purge");
-            }
-        }
-    }
-}
 
 /// The pool and what every statement needs: shared by the store's requests and its
 /// committers.
@@ -643,7 +337,7 @@ impl Db {
                     "a table named leases already exists that fencelock did not create; use a database of its own"
                 );
             }
-            let version = schema_version(runner.get_migrations(), &applied)?;
+            let version = crate::store::schema::schema_version(runner.get_migrations(), &applied)?;
             for probe in SCHEMA_PROBES {
                 client.simple_query(probe).await.map_err(|e| {
                     anyhow::anyhow!(
@@ -1183,78 +877,6 @@ fn fence(row: &Row, index: usize) -> Result<Fence> {
     Fence::new(row.get(index)).map_err(|e| StoreError::corrupt("fence", e))
 }
 
-/// Whether `error` is a database URL that leads somewhere other than `--pg-pooling` says.
-pub(crate) fn is_pooling_mismatch(error: &StoreError) -> bool {
-    matches!(error, StoreError::Misconfigured(cause) if cause.downcast_ref::<statements::PoolingMismatch>().is_some())
-}
-
-/// The one place PostgreSQL failures are sorted, by SQLSTATE and connection state, never by
-/// the server's message text: a TLS setting that cannot work (a failed handshake, a server
-/// without TLS for an `sslmode` that requires it) and a refused login or database are
-/// `Misconfigured` (`503`, reported loudly); connection loss, timeouts and a busy or
-/// restarting server are `Unavailable` (`503`); a database that refuses writes is
-/// `NotWritable` (`503`); anything else (a bad statement, a broken schema) is `Internal`
-/// (`500`). Public so that services beside the lease store (the demo store) sort their own
-/// failures the same way.
-pub fn classify(e: tokio_postgres::Error) -> StoreError {
-    if let Some(cause) = tls::handshake_failure(&e) {
-        // Not `e` itself: its text ("error performing TLS handshake") adds nothing.
-        return StoreError::Misconfigured(anyhow::anyhow!(
-            "TLS with PostgreSQL failed ({cause}); check sslmode, sslrootcert and the server's certificate"
-        ));
-    }
-    if tls::server_refused_tls(&e) {
-        return StoreError::Misconfigured(anyhow::anyhow!(
-            "the PostgreSQL server does not support TLS (its ssl setting is off), but \
-             sslmode=require (or verify-ca, verify-full) insists on it; turn ssl on at the \
-             server, or use sslmode=prefer or disable"
-        ));
-    }
-    match e.code() {
-        Some(code) if code.code() == DEADLINE_PASSED => StoreError::too_late(),
-        Some(code) if code.code() == CHANGED_MEANWHILE => StoreError::unavailable(
-            "a lease was changed or held from outside fencelock while it was decided; try again",
-        ),
-        // PgBouncer refuses the `options` startup parameter (unless told to ignore it): said
-        // with the lease server's own remedy.
-        Some(code)
-            if code == &tokio_postgres::error::SqlState::PROTOCOL_VIOLATION
-                && e.as_db_error()
-                    .is_some_and(|db| db.message().contains("unsupported startup parameter")) =>
-        {
-            StoreError::Misconfigured(anyhow::Error::new(e).context(
-                "the server at the database URL refuses the `options` startup parameter, as PgBouncer does, which carries each session's settings (statement_timeout, synchronous_commit): through PgBouncer, start with --pg-pooling session or --pg-pooling transaction, as its pool_mode; or connect to PostgreSQL itself",
-            ))
-        }
-        // A prepared statement this connection made is gone from its session, or one it never
-        // made is there: the session is another client's too, as behind a pooler in
-        // transaction pooling that the start did not detect (`statements::pooling_mismatch`
-        // finds it often, not always). Not a fault of the request: `503`, said loudly.
-        Some(code)
-            if code == &tokio_postgres::error::SqlState::DUPLICATE_PSTATEMENT
-                || code == &tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME =>
-        {
-            StoreError::Misconfigured(anyhow::Error::new(statements::PoolingMismatch::shared(e)))
-        }
-        _ => fencelock::guard::postgres::classify(e),
-    }
-}
-
-/// Raised by `fencelock_apply` when a request's deadline passed before its decision was
-/// committed (see the migration): nothing was written.
-const DEADLINE_PASSED: &str = "FL408";
-
-/// Raised by `fencelock_apply` when a lease was changed between its look and its write, or its
-/// row held past the request's deadline, by a writer that did not take the resource's lock
-/// (see the migration): nothing was written.
-const CHANGED_MEANWHILE: &str = "FL409";
-
-/// A failure to get a connection, sorted as [`classify`] sorts the database's own refusals
-/// (none of them a reason for a `500`).
-pub fn classify_pool(e: PoolError) -> StoreError {
-    fencelock::guard::postgres::classify_pool_with(e, classify)
-}
-
 /// One range of a list page, `[$1, $2)`, at most `$3` leases. The bounds come from
 /// `ListRequest::ranges` and hold in byte order: the column's collation is "C" (the schema), so the
 /// primary key index serves the range and the order. The explicit `COLLATE "C"` repeats that for
@@ -1327,81 +949,4 @@ fn listed(row: &Row) -> Result<ListedLease> {
         expires_at: row.get(3),
         observed_at: row.get(4),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn password_is_masked_in_logs() {
-        assert_eq!(
-            redact_password("postgres://app:s3cret@db:5432/locks"),
-            "postgres://app:***@db:5432/locks"
-        );
-        assert_eq!(
-            redact_password("postgres://app@db/locks"),
-            "postgres://app@db/locks"
-        );
-        assert_eq!(
-            redact_password(
-                "postgres://app:s3cret@a:5432,b:5433/locks?target_session_attrs=read-write"
-            ),
-            "postgres://app:***@a:5432,b:5433/locks?target_session_attrs=read-write"
-        );
-        assert_eq!(
-            redact_password("postgres://db/locks?user=app&password=s3cret&sslmode=disable"),
-            "postgres://db/locks?user=app&password=***&sslmode=disable"
-        );
-        assert_eq!(
-            redact_password("host=a,b port=5432,5433 user=app password='s3 cret' dbname=locks"),
-            "host=a,b port=5432,5433 user=app password=*** dbname=locks"
-        );
-    }
-
-    #[test]
-    fn the_key_value_form_is_accepted_with_several_hosts() {
-        let pg = PgConfig::parse(
-            "host=a,b port=5432,5433 user=postgres password=s3cret dbname=x \
-             target_session_attrs=read-write sslmode=disable",
-        )
-        .unwrap();
-        assert_eq!(pg.config.get_hosts().len(), 2);
-        assert_eq!(pg.config.get_ports(), [5432, 5433]);
-        assert_eq!(pg.config.get_dbname(), Some("x"));
-        assert_eq!(
-            pg.config.get_target_session_attrs(),
-            tokio_postgres::config::TargetSessionAttrs::ReadWrite
-        );
-        assert!(
-            pg.session_config()
-                .get_options()
-                .unwrap()
-                .contains("synchronous_commit=on")
-        );
-        assert!(!pg.redacted_url.contains("s3cret"), "{}", pg.redacted_url);
-        // The server's own TLS parameters are taken out before the driver reads the rest.
-        assert!(PgConfig::parse("host=a sslmode=verify-full sslrootcert=/nonexistent").is_err());
-        assert!(PgConfig::parse("host=a sslmode=bogus").is_err());
-        assert!(PgConfig::parse("host=a bogus_key=1").is_err());
-    }
-
-    #[test]
-    fn sessions_commit_synchronously() {
-        let mut pg =
-            PgConfig::parse("postgres://u@localhost/db?options=-c%20work_mem%3D8MB").unwrap();
-        assert_eq!(
-            pg.session_config().get_options(),
-            Some("-c work_mem=8MB -c synchronous_commit=on")
-        );
-        // A pooler refuses startup options, or drops them: none are added (the migration
-        // and every pooled transaction set what they need themselves).
-        for pooling in [Pooling::Session, Pooling::Transaction] {
-            pg.pooling = pooling;
-            assert_eq!(pg.session_config().get_options(), Some("-c work_mem=8MB"));
-        }
-        let mut pg = PgConfig::parse("postgres://u@localhost/db").unwrap();
-        pg.pooling = Pooling::Transaction;
-        assert_eq!(pg.session_config().get_options(), None);
-    }
 }

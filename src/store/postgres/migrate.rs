@@ -196,7 +196,9 @@ async fn newer_than_known(
         .max()
         .unwrap_or_default();
     match applied.iter().map(refinery::Migration::version).max() {
-        Some(at) if at > latest => Err(StoreError::Misconfigured(super::newer_schema(at, latest))),
+        Some(at) if at > latest => Err(StoreError::Misconfigured(
+            crate::store::schema::newer_schema(at, latest),
+        )),
         _ => Ok(()),
     }
 }

@@ -57,7 +57,7 @@ fn schema_version(conn: &mut Connection, path: &Path) -> anyhow::Result<i32> {
     } else {
         Vec::new()
     };
-    crate::store::postgres::schema_version(runner.get_migrations(), &applied)
+    crate::store::schema::schema_version(runner.get_migrations(), &applied)
 }
 
 /// What `check` reads to make sure the tables the statements use are there, with the columns
