@@ -46,7 +46,8 @@ pub(crate) use file::check;
 pub use file::connect;
 use file::{is_read_only, migrate, on_read_only_file_system, open_frozen};
 use leases::{
-    acquire, beat, count_live, dequeue, enqueue, inspect, list, purge_batch, release, renew,
+    ACQUIRE, LockWrite, RELEASE, RENEW, beat, count_live, dequeue, enqueue, inspect, list,
+    purge_batch,
 };
 
 use undo::Journal;
@@ -152,7 +153,7 @@ impl SqliteStore {
         resource: &ResourceName,
         deadline: Deadline,
         req: &R,
-        op: fn(&Connection, &R, &mut Journal) -> Result<T>,
+        op: LockWrite<R, T>,
         changed: fn(&T) -> bool,
     ) -> Result<T>
     where
@@ -185,7 +186,7 @@ pub use fencelock::guard::sqlite::classify;
 impl LeaseStore for SqliteStore {
     async fn acquire(&self, req: &AcquireRequest, deadline: Deadline) -> Result<AcquireOutcome> {
         let granted = |outcome: &_| matches!(outcome, AcquireOutcome::Acquired { .. });
-        self.write_announced(&req.resource, deadline, req, acquire, granted)
+        self.write_announced(&req.resource, deadline, req, ACQUIRE, granted)
             .await
     }
 
@@ -234,14 +235,14 @@ impl LeaseStore for SqliteStore {
         // their next look by the expiry they last read.
         let shortened = |outcome: &(_, bool)| outcome.1;
         let (outcome, _) = self
-            .write_announced(&req.resource, deadline, req, renew, shortened)
+            .write_announced(&req.resource, deadline, req, RENEW, shortened)
             .await?;
         Ok(outcome)
     }
 
     async fn release(&self, req: &ReleaseRequest, deadline: Deadline) -> Result<ReleaseOutcome> {
         let released = |outcome: &_| matches!(outcome, ReleaseOutcome::Released { .. });
-        self.write_announced(&req.resource, deadline, req, release, released)
+        self.write_announced(&req.resource, deadline, req, RELEASE, released)
             .await
     }
 

@@ -111,14 +111,19 @@ fn current(conn: &Connection, resource: &ResourceName) -> Result<Option<Row>> {
     .transpose()
 }
 
+/// A lock write as the store thread runs it: decided and written in the batch's transaction,
+/// noting in the journal how to take itself back (see [`super::undo`]).
+pub(super) type LockWrite<R, T> = fn(&Connection, &R, &mut Journal) -> Result<T>;
+
+/// The lock writes.
+pub(super) const ACQUIRE: LockWrite<AcquireRequest, AcquireOutcome> = acquire;
+pub(super) const RENEW: LockWrite<RenewRequest, (RenewOutcome, bool)> = renew;
+pub(super) const RELEASE: LockWrite<ReleaseRequest, ReleaseOutcome> = release;
+
 // The functions below run inside the batch transaction, which holds SQLite's write lock:
 // reading the row, deciding (`domain::decide`) and writing it is one atomic step.
 
-pub(super) fn acquire(
-    conn: &Connection,
-    req: &AcquireRequest,
-    undo: &mut Journal,
-) -> Result<AcquireOutcome> {
+fn acquire(conn: &Connection, req: &AcquireRequest, undo: &mut Journal) -> Result<AcquireOutcome> {
     let now = now_ms();
     if let Some(TokenQuota {
         name,
@@ -343,7 +348,7 @@ fn changeable<R: HolderRefusal>(
 }
 
 /// The outcome, and whether the renewal brought the lease's expiry closer.
-pub(super) fn renew(
+fn renew(
     conn: &Connection,
     req: &RenewRequest,
     undo: &mut Journal,
@@ -376,11 +381,7 @@ pub(super) fn renew(
     Ok((RenewOutcome::Renewed(lease), shortened))
 }
 
-pub(super) fn release(
-    conn: &Connection,
-    req: &ReleaseRequest,
-    undo: &mut Journal,
-) -> Result<ReleaseOutcome> {
+fn release(conn: &Connection, req: &ReleaseRequest, undo: &mut Journal) -> Result<ReleaseOutcome> {
     let now = now_ms();
     let row = match changeable(conn, &req.resource, &req.owner, req.fence, now)? {
         Ok(row) => row,
