@@ -22,14 +22,14 @@
 //! | `--live-leases-interval-seconds` | `FENCELOCK_LIVE_LEASES_INTERVAL_SECONDS` | `10` (1 to 15) |
 //! | `--auth-file` | `FENCELOCK_AUTH_FILE` | unset: no tokens checked |
 //! | `--allow-unauthenticated` | `FENCELOCK_ALLOW_UNAUTHENTICATED` | off |
+//! | `--tls-cert` | `FENCELOCK_TLS_CERT` | unset: plain HTTP |
+//! | `--tls-key` | `FENCELOCK_TLS_KEY` | unset: plain HTTP |
+//! | `--fence-key` | `FENCELOCK_FENCE_KEY` | unset: no `fence_token` |
 //!
 //! `--auth-file` names the TOML file of bearer tokens (see [`crate::auth`]); it is read at
 //! start (a bad file stops start-up) and again on `SIGHUP` (a bad file then keeps the tokens
 //! in force). Without it the server serves anyone, so it refuses to listen on an address
 //! other than loopback unless `--allow-unauthenticated` says that is meant.
-//! | `--tls-cert` | `FENCELOCK_TLS_CERT` | unset: plain HTTP |
-//! | `--tls-key` | `FENCELOCK_TLS_KEY` | unset: plain HTTP |
-//! | `--fence-key` | `FENCELOCK_FENCE_KEY` | unset: no `fence_token` |
 //!
 //! `--tls-cert` and `--tls-key` go together: both serve HTTPS only (TLS 1.2 and 1.3), with
 //! the PEM certificate chain and private key they name (see [`crate::tls`]); one alone is
