@@ -49,7 +49,6 @@ use leases::{
     ACQUIRE, LockWrite, RELEASE, RENEW, beat, count_live, dequeue, enqueue, inspect, list,
     purge_batch,
 };
-
 use undo::Journal;
 
 /// Queued operations beyond this wait in the request (back-pressure), not in memory.
