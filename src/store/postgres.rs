@@ -35,6 +35,7 @@ use fencelock::domain::{
 use fencelock::domain::{LeasePage, ListRequest, ListedLease};
 use fencelock::metrics::Registry;
 
+mod apply;
 mod batch;
 mod clock;
 mod connect;
@@ -48,7 +49,7 @@ pub(crate) mod tls;
 mod unwatch;
 
 pub use batch::COMMITTERS;
-use batch::{BatchMetrics, Batched, Batcher};
+use batch::{BatchMetrics, Batcher, Queued};
 use clock::DbClock;
 use connect::DRIVERS;
 pub use connect::{PgConfig, pool};
@@ -420,9 +421,9 @@ impl Db {
     /// Decides one request alone: `fencelock_apply` with this request only, waiting for its
     /// locks without a bound of its own (the statement timeout still holds). The answer's
     /// `observed_at` is taken as a clock sample.
-    async fn apply_alone(&self, params: batch::Params<'_>, until: DateTime<Utc>) -> Result<Row> {
+    async fn apply_alone(&self, params: apply::Params<'_>, until: DateTime<Utc>) -> Result<Row> {
         let client = self.client().await?;
-        let arrays = batch::Arrays::of([params]);
+        let arrays = apply::Arrays::of([params]);
         let until = vec![until];
         let no_lock_wait_bound = 0_i32;
         let sent = Instant::now();
@@ -430,7 +431,7 @@ impl Db {
             .statements
             .query_opt(
                 &client,
-                &batch::APPLY,
+                &apply::APPLY,
                 &arrays.with(&until, &no_lock_wait_bound),
             )
             .await
@@ -607,7 +608,7 @@ impl Db {
 
 impl PgStore {
     /// Decides a write in the next batch, or alone when batches are off.
-    async fn decide<R: Batched>(&self, req: &R, deadline: Deadline) -> Result<R::Outcome> {
+    async fn decide<R: Queued>(&self, req: &R, deadline: Deadline) -> Result<R::Outcome> {
         match &self.batcher {
             Some(batcher) => batcher.decide(req, deadline).await,
             None => req.alone(&self.db, deadline).await,
@@ -658,7 +659,7 @@ impl LeaseStore for PgStore {
     /// The ticket leaves the queue (its trigger announces it, so the next waiter looks
     /// again); a grant a release wrote into it, if it still stands, is the waiter's for good.
     async fn dequeue(&self, req: &AcquireRequest, ticket: Ticket) -> Result<Option<Lease>> {
-        let leave = batch::Params::leave(&req.resource, &req.owner, ticket);
+        let leave = apply::Params::leave(&req.resource, &req.owner, ticket);
         let row = self.db.apply_alone(leave, NEVER).await?;
         if row.get::<_, &str>(1) != "claimed" {
             return Ok(None);
