@@ -39,6 +39,7 @@ mod file;
 mod history;
 mod leases;
 mod poll;
+mod row;
 mod undo;
 
 use batch::{Job, Pending, run_jobs};

@@ -6,7 +6,7 @@ use std::time::Duration;
 use rusqlite::{Connection, params};
 
 use super::classify;
-use super::leases::{Row, now_ms, stored_fence, timestamp};
+use super::row::{Row, now_ms, stored_fence, timestamp};
 use crate::store::{Result, StoreError};
 use fencelock::domain::{
     AcquireRequest, Fence, HistoryRequest, LeaseHistory, PastLease, RecordedEnd,

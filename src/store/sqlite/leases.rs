@@ -2,13 +2,13 @@
 //! decisions on acquisitions, renewals and releases, the waiters' tickets, inspection, the
 //! list, and the purge of long-expired leases.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::classify;
 use super::history;
+use super::row::{Row, now_ms, stored_fence, timestamp};
 use super::undo::{Journal, Undo};
 use crate::store::{Result, StoreError, TICKET_LIFE};
 use fencelock::domain::decide::{self, AcquireVerdict, HolderRefusal};
@@ -17,23 +17,6 @@ use fencelock::domain::{
     LockDelay, Owner, RecordedEnd, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
     ResourceName, Ticket, TokenQuota,
 };
-
-/// The store's clock: this process's wall clock, in Unix milliseconds. Every server sharing a
-/// file runs on the same machine, so they share this clock.
-pub(super) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-pub(super) fn timestamp(ms: i64) -> Result<DateTime<Utc>> {
-    DateTime::from_timestamp_millis(ms)
-        .ok_or_else(|| StoreError::Internal(anyhow::anyhow!("stored time {ms} is out of range")))
-}
-
-pub(super) fn stored_fence(value: i64) -> Result<Fence> {
-    Fence::new(value).map_err(|e| StoreError::Internal(anyhow::anyhow!("fence: {e}")))
-}
 
 fn lease(
     resource: &ResourceName,
@@ -51,28 +34,6 @@ fn lease(
         expires_at: timestamp(expires_ms)?,
         observed_at: timestamp(now)?,
     })
-}
-
-/// The row of a resource as the operations below need it.
-pub(super) struct Row {
-    pub(super) owner: String,
-    /// The name of the token the lease was taken with, if the server checks tokens.
-    pub(super) token: Option<String>,
-    pub(super) fence: Fence,
-    pub(super) acquired_at: i64,
-    pub(super) expires_at: DateTime<Utc>,
-    pub(super) lock_delay: LockDelay,
-}
-
-impl Row {
-    pub(super) fn current(&self) -> decide::Current<'_> {
-        decide::Current {
-            owner: &self.owner,
-            fence: self.fence,
-            expires_at: self.expires_at,
-            lock_delay: self.lock_delay,
-        }
-    }
 }
 
 fn current(conn: &Connection, resource: &ResourceName) -> Result<Option<Row>> {

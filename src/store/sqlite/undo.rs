@@ -17,7 +17,7 @@
 use rusqlite::{Connection, params};
 
 use super::classify;
-use super::leases::Row;
+use super::row::Row;
 use crate::store::Result;
 
 /// What a job's lock writes note to take themselves back, newest last.
