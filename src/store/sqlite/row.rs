@@ -26,7 +26,7 @@ pub(super) fn stored_fence(value: i64) -> Result<Fence> {
     Fence::new(value).map_err(|e| StoreError::Internal(anyhow::anyhow!("fence: {e}")))
 }
 
-/// The row of a resource as the operations below need it.
+/// The row of a resource as the lease operations read it.
 pub(super) struct Row {
     pub(super) owner: String,
     /// The name of the token the lease was taken with, if the server checks tokens.
